@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up the environment, then runs the full test suite: the main group, then the slow
+# (load) group. Extra arguments go to both pytest runs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+
+status=0
+.venv/bin/python -m pytest -m "not slow" "$@" || status=$?
+slow=0
+.venv/bin/python -m pytest -m slow "$@" || slow=$?
+# pytest exits 5 when a group selects no test; an empty slow group is not a failure.
+[ "$slow" -eq 5 ] && slow=0
+[ "$status" -ne 0 ] && exit "$status"
+exit "$slow"

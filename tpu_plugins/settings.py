@@ -1,0 +1,60 @@
+"""Every environment variable the project reads, read here and nowhere else."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_plugins.errors import UserError
+
+
+@dataclass(frozen=True)
+class Settings:
+    # "tpu" asks the adapters to activate even where no TPU is present (JAX's CPU backend
+    # then stands in); "" leaves the choice to hardware discovery.
+    device: str
+    # Number of CPU devices that simulate a TPU slice when no TPU is present (0: JAX default).
+    simulated_devices: int
+    # Where prepared models and compilation caches live.
+    cache_dir: Path
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UserError(f"{name}={raw!r} is not an integer; set it to a whole number such as 8, or unset it.") from None
+    if value < 0:
+        raise UserError(f"{name}={raw!r} is negative; set it to 0 (off) or a positive device count.")
+    return value
+
+
+def load() -> Settings:
+    """Read the environment now (not at import), so tests and launchers can change it first."""
+    cache = os.environ.get("TPU_PLUGINS_CACHE", "").strip()
+    return Settings(
+        device=os.environ.get("TPU_PLUGINS_DEVICE", "").strip().lower(),
+        simulated_devices=_int_env("TPU_PLUGINS_SIM_DEVICES", 0),
+        cache_dir=Path(cache).expanduser() if cache else Path.home() / ".cache" / "tpu-plugins",
+    )
+
+
+def jax_platforms() -> str:
+    """The JAX_PLATFORMS the user set, if any (empty when unset)."""
+    return os.environ.get("JAX_PLATFORMS", "").strip()
+
+
+def set_jax_platforms(value: str) -> None:
+    os.environ["JAX_PLATFORMS"] = value
+
+
+def xla_flags() -> str:
+    return os.environ.get("XLA_FLAGS", "")
+
+
+def set_xla_flags(value: str) -> None:
+    os.environ["XLA_FLAGS"] = value
