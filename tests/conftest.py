@@ -45,3 +45,39 @@ def demo_model_path() -> Path:
     from tpu_plugins import demo_model
 
     return demo_model.prepare()
+
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about tensor processing units and the sea.",
+    "List three prime numbers.",
+    "Explain in two sentences why the sky is blue, and mention Rayleigh scattering by name, please.",
+]
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+    """Plain transformers on CPU: the independent reference for greedy generation."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    if not stop_at_eos:
+        config.eos_token_id = []   # None falls back to the model config; an empty list never stops
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             generation_config=config)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_last_logits(model, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()

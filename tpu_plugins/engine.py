@@ -1,0 +1,369 @@
+"""The inference engine: one compiled step over a ragged batch, driven by any scheduler.
+
+    engine = Engine(EngineConfig(model="/path/to/hf-folder", dtype="float32"))
+    engine.warmup()                                  # compiles every bucket (progress bar)
+    logits = engine.execute(batch)                   # RaggedBatch -> device logits [num_seqs, vocab]
+    out = engine.sample(logits, params, histories)   # SamplingParams per row -> SamplerOutput
+
+A `RaggedBatch` is any mix of prefill chunks and single-token decodes, as flat tokens plus,
+per sequence, its query length, its KV length after this step, and its page table; `slot_mapping`
+says where each new token's K/V goes (page * page_size + offset). The engine writes the K/V,
+attends through ragged paged attention, and returns logits for each sequence's last token
+(or for the rows in `logits_indices`).
+
+Shapes: the token count is padded to a power-of-two bucket (16 .. max_num_batched_tokens);
+the sequence count to min(token bucket, max_num_seqs), so one program serves each token
+bucket. `warmup()` compiles them all; any compile after it increments `recompiles`. Compiled
+programs are kept in a persistent on-disk cache, so a second start skips compilation.
+"""
+
+from __future__ import annotations
+
+from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from tpu_plugins import compile_stats, kv_cache, runtime, sampling, settings
+from tpu_plugins.errors import UserError
+from tpu_plugins.loader import abstract_params, load_params
+from tpu_plugins.mesh import MeshShape, make_mesh
+from tpu_plugins.models import decoder
+from tpu_plugins.models.attention import AttentionSpec
+from tpu_plugins.models.config import ModelConfig
+from tpu_plugins.models.rope import inverse_frequencies
+from tpu_plugins.sharding import head_layout
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "fp32": jnp.float32, "bf16": jnp.bfloat16}
+MIN_TOKEN_BUCKET = 16
+
+
+@dataclass
+class EngineConfig:
+    model: str | Path                      # HF folder (weights) or config.json (abstract, for AOT)
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None       # default: the model's max_position_embeddings, capped at 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    page_size: int = 16
+    num_pages: int | None = None           # default: from memory_fraction
+    memory_fraction: float = 0.9           # of device memory (TPU HBM); on CPU of a host-memory share
+    tensor_parallel_size: int = 1
+    attention: str = "auto"                # "auto", "reference" or "pallas"
+    compile_cache_dir: Path | None = None  # default: $TPU_PLUGINS_CACHE/jax-compile
+    progress: bool = True
+    prompt_logprobs: bool = False          # also warm up the all-token-logits programs
+
+
+@dataclass
+class RaggedBatch:
+    """One step's work, on the host. Lengths: tokens T, sequences S."""
+
+    token_ids: np.ndarray       # [T] int
+    positions: np.ndarray       # [T] int
+    slot_mapping: np.ndarray    # [T] int: page * page_size + offset (-1: do not write)
+    query_lens: np.ndarray      # [S] int, each >= 1, sum = T
+    kv_lens: np.ndarray         # [S] int: KV length after this step
+    page_tables: list           # S sequences' page id lists (or an [S, W] array)
+    logits_indices: np.ndarray | None = None  # [S] token rows to return logits for; default: last of each
+
+
+@dataclass
+class Counters:
+    """Programs built by this process (compiled, or loaded from the disk cache), from JAX's events."""
+
+    at_start: dict = field(default_factory=dict)
+    after_warmup: dict | None = None
+
+    @property
+    def warmed_up(self) -> bool:
+        return self.after_warmup is not None
+
+    @property
+    def warmup_compiles(self) -> int:
+        end = self.after_warmup or compile_stats.snapshot()
+        return end["programs_built"] - self.at_start["programs_built"]
+
+    @property
+    def recompiles(self) -> int:
+        if self.after_warmup is None:
+            return 0
+        return compile_stats.snapshot()["programs_built"] - self.after_warmup["programs_built"]
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    buckets, b = [], MIN_TOKEN_BUCKET
+    while b < max_tokens:
+        buckets.append(b)
+        b *= 2
+    buckets.append(max_tokens)
+    return buckets
+
+
+def enable_compile_cache(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None):
+        self.config = config
+        self.runtime = runtime.current()
+        path = Path(config.model)
+        self.model_config = ModelConfig.from_path(path)
+        cfg = self.model_config
+        if config.dtype not in DTYPES:
+            raise UserError(f"dtype {config.dtype!r} is not supported; use one of: float32, bfloat16.")
+        self.dtype = DTYPES[config.dtype]
+        self.max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
+        self._validate_config()
+        tp = config.tensor_parallel_size
+        self.mesh = mesh if mesh is not None else make_mesh(MeshShape(model=tp))
+        self.layout = head_layout(cfg, tp)
+        impl = config.attention
+        if impl == "auto":
+            impl = "pallas" if self.mesh.devices.flat[0].platform == "tpu" else "reference"
+        self.attention = AttentionSpec(sm_scale=cfg.sm_scale, sliding_window=cfg.sliding_window,
+                                       soft_cap=cfg.attn_logit_softcap, implementation=impl)
+        self.inv_freq = jnp.asarray(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
+        self.buckets = token_buckets(config.max_num_batched_tokens)
+        compile_stats.install()
+        self.counters = Counters(at_start=compile_stats.snapshot())
+        self._programs: dict = {}
+        enable_compile_cache(config.compile_cache_dir or settings.load().cache_dir / "jax-compile")
+
+        if abstract:
+            self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh)
+        else:
+            if not path.is_dir():
+                raise UserError(f"{path} is not a model folder; weights are needed to run (a config.json alone is "
+                                "enough only for ahead-of-time compilation).")
+            self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress)
+        self.kv_spec = kv_cache.KVCacheSpec(cfg.num_layers, self._num_pages(), config.page_size,
+                                            self.layout.num_kv_heads, cfg.head_dim, np.dtype(self.dtype))
+        self.kv_caches = kv_cache.abstract(self.kv_spec, self.mesh) if abstract else kv_cache.allocate(self.kv_spec, self.mesh)
+        self._step = jax.jit(self._forward, donate_argnums=(1,), static_argnames=("all_logits",))
+
+    # -- configuration -------------------------------------------------------------------
+    def _validate_config(self) -> None:
+        c = self.config
+        problems = []
+        if c.max_num_seqs < 1 or c.max_num_batched_tokens < 1 or c.page_size < 1:
+            problems.append("max_num_seqs, max_num_batched_tokens and page_size must be positive")
+        if c.max_num_batched_tokens < c.max_num_seqs:
+            problems.append(f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_num_seqs ({c.max_num_seqs})")
+        if self.max_model_len > self.model_config.max_position_embeddings:
+            problems.append(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                            f"{self.model_config.max_position_embeddings}")
+        if not 0 < c.memory_fraction <= 1:
+            problems.append(f"memory_fraction must be in (0, 1], got {c.memory_fraction}")
+        if problems:
+            raise UserError("Invalid engine configuration: " + "; ".join(problems) + ".")
+
+    def _num_pages(self) -> int:
+        c = self.config
+        # Never more than every sequence at full length could use (+1 reserved page).
+        useful = c.max_num_seqs * self.pages_per_seq + 1
+        if c.num_pages is not None:
+            return c.num_pages
+        spec = kv_cache.KVCacheSpec(self.model_config.num_layers, 1, c.page_size, self.layout.num_kv_heads,
+                                    self.model_config.head_dim, np.dtype(self.dtype))
+        per_device_page = spec.bytes_per_page // self.layout.tp
+        weights = self.weight_bytes() // self.layout.tp
+        memory = self.runtime.hbm_bytes_per_device or 0
+        if self.runtime.kind == "cpu":
+            memory = min(memory, 8 * 2**30)   # a sane host-memory budget for the stand-in
+        budget = int(memory * c.memory_fraction) - weights - self.activation_bytes()
+        pages = min(useful, kv_cache.pages_for_budget(budget, per_device_page))
+        if pages < 2:
+            raise UserError(
+                f"The KV cache does not fit: {memory / 2**30:.1f} GiB per device x memory fraction {c.memory_fraction} "
+                f"leaves {budget / 2**30:.2f} GiB after {weights / 2**30:.2f} GiB of weights. Raise the memory "
+                "fraction, use more chips (tensor parallelism) or a smaller dtype.")
+        return pages
+
+    def weight_bytes(self) -> int:
+        leaves = jax.tree_util.tree_leaves(self.params) if hasattr(self, "params") else None
+        if leaves:
+            return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
+        from tpu_plugins.loader import param_shapes
+        shapes = jax.tree_util.tree_leaves(param_shapes(self.model_config, self.layout), is_leaf=lambda x: isinstance(x, tuple))
+        return sum(int(np.prod(s)) for s in shapes) * np.dtype(self.dtype).itemsize
+
+    def activation_bytes(self) -> int:
+        """A rough upper bound of one step's live activations, reserved before sizing the cache."""
+        cfg, c = self.model_config, self.config
+        per_token = 4 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3 + self.layout.num_heads * cfg.head_dim * 3)
+        return c.max_num_batched_tokens * per_token + c.max_num_seqs * self.layout.vocab_size * 4 * 4
+
+    # -- the step --------------------------------------------------------------------------
+    def _forward(self, params, kv_caches, batch, all_logits=False):
+        return decoder.forward(params, kv_caches, batch, cfg=self.model_config, layout=self.layout,
+                               attn=self.attention, mesh=self.mesh, inv_freq=self.inv_freq, all_logits=all_logits)
+
+    def bucket_for(self, num_tokens: int) -> tuple[int, int]:
+        for b in self.buckets:
+            if num_tokens <= b:
+                return b, min(b, self.config.max_num_seqs)
+        raise UserError(f"A batch of {num_tokens} tokens exceeds max_num_batched_tokens "
+                        f"({self.config.max_num_batched_tokens}).")
+
+    def abstract_batch(self, tokens: int, seqs: int) -> dict:
+        i32 = jnp.int32
+        s = jax.ShapeDtypeStruct
+        return {"token_ids": s((tokens,), i32), "positions": s((tokens,), i32), "slot_mapping": s((tokens,), i32),
+                "kv_lens": s((seqs,), i32), "page_table": s((seqs, self.pages_per_seq), i32),
+                "cu_q_lens": s((seqs + 1,), i32), "num_seqs": s((1,), i32), "logits_indices": s((seqs,), i32)}
+
+    def lower(self, tokens: int, seqs: int, all_logits: bool = False):
+        """The step for one bucket, lowered (not compiled): for AOT analysis and warm-up."""
+        with jax.set_mesh(self.mesh):
+            return self._step.lower(self.params, self.kv_caches, self.abstract_batch(tokens, seqs), all_logits=all_logits)
+
+    def _program(self, tokens: int, seqs: int, all_logits: bool = False):
+        key = (tokens, seqs, all_logits)
+        program = self._programs.get(key)
+        if program is None:
+            if self.counters.warmed_up:
+                logger.warning("tpu-plugins: compiling a step for %d tokens / %d seqs after warm-up", tokens, seqs)
+            program = self.lower(tokens, seqs, all_logits).compile()
+            self._programs[key] = program
+        return program
+
+    def pad_batch(self, batch: RaggedBatch) -> tuple[dict, int]:
+        """Validate a host batch and pad it to its bucket. Returns (arrays, number of sequences)."""
+        q_lens = np.asarray(batch.query_lens, np.int64)
+        kv_lens = np.asarray(batch.kv_lens, np.int64)
+        T, S = len(batch.token_ids), len(q_lens)
+        c = self.config
+        problems = []
+        if S == 0 or T == 0:
+            problems.append("the batch is empty")
+        if S > c.max_num_seqs:
+            problems.append(f"{S} sequences exceed max_num_seqs ({c.max_num_seqs})")
+        if q_lens.sum() != T or (q_lens < 1).any():
+            problems.append(f"query_lens must be >= 1 and sum to the {T} tokens (got sum {q_lens.sum()})")
+        if (kv_lens < q_lens).any() or (kv_lens > self.max_model_len).any():
+            problems.append(f"every kv_len must be in [query_len, max_model_len={self.max_model_len}]")
+        if len(batch.positions) != T or len(batch.slot_mapping) != T or len(batch.page_tables) != S:
+            problems.append("positions, slot_mapping and page_tables must match the token and sequence counts")
+        if problems:
+            raise UserError("Invalid batch: " + "; ".join(problems) + ".")
+        tokens, seqs = self.bucket_for(T)
+        out = {
+            "token_ids": np.zeros(tokens, np.int32), "positions": np.zeros(tokens, np.int32),
+            "slot_mapping": np.full(tokens, -1, np.int32), "kv_lens": np.zeros(seqs, np.int32),
+            "page_table": np.zeros((seqs, self.pages_per_seq), np.int32),
+            "cu_q_lens": np.zeros(seqs + 1, np.int32), "num_seqs": np.array([S], np.int32),
+            "logits_indices": np.zeros(seqs, np.int32),
+        }
+        out["token_ids"][:T] = batch.token_ids
+        out["positions"][:T] = batch.positions
+        out["slot_mapping"][:T] = batch.slot_mapping
+        out["kv_lens"][:S] = kv_lens
+        cu = np.cumsum(q_lens)
+        out["cu_q_lens"][1:S + 1] = cu
+        out["cu_q_lens"][S + 1:] = cu[-1]
+        for i, pages in enumerate(batch.page_tables):
+            pages = np.asarray(pages, np.int32)[: self.pages_per_seq]
+            needed = -(-int(kv_lens[i]) // c.page_size)
+            if len(pages) < needed:
+                raise UserError(f"Invalid batch: sequence {i} has {len(pages)} pages for {kv_lens[i]} tokens.")
+            if len(pages) and (pages.min() < 0 or pages.max() >= self.kv_spec.num_pages):
+                raise UserError(f"Invalid batch: sequence {i} names a page outside 0..{self.kv_spec.num_pages - 1}.")
+            out["page_table"][i, : len(pages)] = pages
+        if batch.logits_indices is None:
+            out["logits_indices"][:S] = cu - 1
+        else:
+            out["logits_indices"][:S] = batch.logits_indices
+        return out, S
+
+    def execute(self, batch: RaggedBatch) -> jax.Array:
+        """Run one step: writes the batch's K/V and returns logits f32 [S_bucket, vocab] on
+        device, one row per sequence (rows past the batch's sequences are padding)."""
+        arrays, _ = self.pad_batch(batch)
+        program = self._program(len(arrays["token_ids"]), len(arrays["kv_lens"]))
+        logits, self.kv_caches = program(self.params, self.kv_caches, arrays)
+        return logits
+
+    def execute_with_token_logits(self, batch: RaggedBatch) -> tuple[jax.Array, np.ndarray]:
+        """As `execute`, and also every token's logits on the host ([T, vocab], unpadded), for
+        prompt log-probabilities."""
+        arrays, _ = self.pad_batch(batch)
+        program = self._program(len(arrays["token_ids"]), len(arrays["kv_lens"]), all_logits=True)
+        logits, token_logits, self.kv_caches = program(self.params, self.kv_caches, arrays)
+        return logits, np.asarray(token_logits)[: len(batch.token_ids), : self.model_config.vocab_size]
+
+    # -- sampling --------------------------------------------------------------------------
+    def sample(self, logits: jax.Array, params: list[sampling.SamplingParams], steps: list[int],
+               seeds: list[int], histories: list[tuple[list[int], list[int]]] | None = None,
+               allowed_mask: np.ndarray | None = None) -> sampling.SamplerOutput:
+        """Sample one token per row. `steps[i]` counts row i's generated tokens (its RNG
+        position); `seeds[i]` is its seed; `histories[i]` = (prompt ids, output ids) for
+        penalties; `allowed_mask` [S, vocab] bool for constrained decoding."""
+        rows = logits.shape[0]
+        n = len(params)
+        f32, i32 = np.float32, np.int32
+
+        def col(values, dtype, fill):
+            arr = np.full(rows, fill, dtype)
+            arr[:n] = values
+            return arr
+
+        penalties = any(p.uses_penalties for p in params)
+        top = any((p.logprobs or 0) > 0 for p in params)
+        prompt_ids = output_ids = np.full((rows, 1), -1, i32)
+        if penalties:
+            histories = histories or [([], [])] * n
+            lp = _pow2(max(len(h[0]) for h in histories))
+            lo = _pow2(max(len(h[1]) for h in histories))
+            prompt_ids, output_ids = np.full((rows, lp), -1, i32), np.full((rows, lo), -1, i32)
+            for i, (p_ids, o_ids) in enumerate(histories):
+                prompt_ids[i, : len(p_ids)] = p_ids
+                output_ids[i, : len(o_ids)] = o_ids
+        mask = np.ones((rows, 1), bool)
+        if allowed_mask is not None:
+            mask = np.ones((rows, logits.shape[1]), bool)
+            mask[:n, : allowed_mask.shape[1]] = allowed_mask
+            mask[:n, allowed_mask.shape[1]:] = False
+        out = sampling.sample(
+            logits, col([p.temperature for p in params], f32, 0), col([p.top_k for p in params], i32, 0),
+            col([p.top_p for p in params], f32, 1), col([p.min_p for p in params], f32, 0),
+            col([s % 2**32 for s in seeds], np.uint32, 0), col(steps, i32, 0),
+            col([p.repetition_penalty for p in params], f32, 1), col([p.presence_penalty for p in params], f32, 0),
+            col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask,
+            with_penalties=penalties, with_top_logprobs=top, with_allowed_mask=allowed_mask is not None)
+        tokens, lps, ranks, top_ids, top_lps = jax.device_get(out)
+        return sampling.SamplerOutput(tokens[:n], lps[:n], ranks[:n],
+                                      None if top_ids is None else top_ids[:n],
+                                      None if top_lps is None else top_lps[:n])
+
+    # -- warm-up ---------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """Compile every step bucket and the plain sampler for each, before serving."""
+        buckets = [(b, min(b, self.config.max_num_seqs)) for b in self.buckets]
+        for tokens, seqs in tqdm(buckets, desc="Compiling step buckets", disable=not self.config.progress):
+            if self.config.prompt_logprobs:
+                self._program(tokens, seqs, all_logits=True)
+            program = self._program(tokens, seqs)
+            # Sample from logits placed exactly as the step leaves them, so serving hits this program.
+            logits = jax.device_put(np.zeros((seqs, self.layout.vocab_size), np.float32), program.output_shardings[0])
+            for temperature in (0.0, 1.0):
+                self.sample(logits, [sampling.SamplingParams(temperature=temperature)], [0], [0])
+        self.counters.after_warmup = compile_stats.snapshot()
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())

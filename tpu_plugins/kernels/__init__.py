@@ -1,0 +1,1 @@
+"""Kernels: each ships its TPU implementation, a reference with the same signature, and validation."""

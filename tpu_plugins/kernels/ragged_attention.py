@@ -1,0 +1,161 @@
+"""Ragged paged attention: one call for any mix of prefill chunks and decodes.
+
+Signature and cache layout follow JAX's Pallas kernel
+(`jax.experimental.pallas.ops.tpu.ragged_paged_attention`):
+
+    q           [max_num_batched_tokens, num_q_heads, head_dim]  all sequences' new tokens, flat
+    kv_pages    [total_num_pages, page_size, 2 * num_kv_heads, head_dim]  K and V interleaved on axis 2
+    kv_lens     i32[max_num_seqs]          KV length of each sequence after this step's tokens
+    page_indices i32[max_num_seqs, pages_per_seq]  each sequence's page table
+    cu_q_lens   i32[max_num_seqs + 1]      cumulative query lengths (sequence i owns q[cu[i]:cu[i+1]])
+    num_seqs    i32[1]                     how many rows above are real
+
+A query at offset j of sequence i sits at position kv_lens[i] - q_len_i + j and sees every
+key at a position <= its own (and, with a sliding window W, > its own - W).
+
+`ref_ragged_paged_attention` is ours, not JAX's: JAX's reference loops over sequences in
+Python (it cannot be jitted with a dynamic batch), while ours is jittable and is the
+production path on CPU. It walks the KV in blocks of pages up to the longest sequence in the
+batch (a dynamic trip count, so short batches pay for short contexts) with an online softmax.
+"""
+
+from __future__ import annotations
+
+from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+REF_PAGES_PER_BLOCK = 8
+
+
+def static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+                           sliding_window=None, soft_cap=None) -> None:
+    """Shape and dtype checks that need no device values; raise ValueError naming the problem."""
+    if q.ndim != 3 or kv_pages.ndim != 4:
+        raise ValueError(f"q must be [tokens, heads, head_dim] and kv_pages 4-D; got {q.shape} and {kv_pages.shape}.")
+    _, num_q_heads, head_dim = q.shape
+    _, _, combined, head_dim_kv = kv_pages.shape
+    if combined % 2:
+        raise ValueError(f"kv_pages axis 2 holds K and V interleaved and must be even; got {combined}.")
+    if head_dim != head_dim_kv:
+        raise ValueError(f"q head_dim {head_dim} differs from the cache's {head_dim_kv}.")
+    if num_q_heads % (combined // 2):
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {combined // 2} KV heads.")
+    max_num_seqs = page_indices.shape[0]
+    if kv_lens.shape != (max_num_seqs,) or cu_q_lens.shape != (max_num_seqs + 1,) or num_seqs.shape != (1,):
+        raise ValueError(f"kv_lens {kv_lens.shape}, cu_q_lens {cu_q_lens.shape} and num_seqs {num_seqs.shape} "
+                         f"must be ({max_num_seqs},), ({max_num_seqs + 1},) and (1,).")
+    for name, arr in (("kv_lens", kv_lens), ("page_indices", page_indices), ("cu_q_lens", cu_q_lens), ("num_seqs", num_seqs)):
+        if arr.dtype != jnp.int32:
+            raise ValueError(f"{name} must be int32, got {arr.dtype}.")
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be positive, got {sliding_window}.")
+    if soft_cap is not None and soft_cap == 0.0:
+        raise ValueError("soft_cap must not be 0.0 (use None to disable it).")
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "pages_per_block"))
+def ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+                               sm_scale: float = 1.0, sliding_window: int | None = None,
+                               soft_cap: float | None = None, pages_per_block: int = REF_PAGES_PER_BLOCK):
+    static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+                           sliding_window=sliding_window, soft_cap=soft_cap)
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, page_size, combined, _ = kv_pages.shape
+    num_kv_heads = combined // 2
+    q_per_kv = num_q_heads // num_kv_heads
+    max_num_seqs, pages_per_seq = page_indices.shape
+    block = min(pages_per_block, pages_per_seq)
+    if pages_per_seq % block:
+        page_indices = jnp.pad(page_indices, ((0, 0), (0, block - pages_per_seq % block)))
+    block_tokens = block * page_size
+
+    # Which sequence each token belongs to, and its position in that sequence.
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    n = num_seqs[0]
+    seq = jnp.clip(jnp.searchsorted(cu_q_lens[1:], t, side="right"), 0, max_num_seqs - 1).astype(jnp.int32)
+    valid = t < cu_q_lens[n]
+    q_len = cu_q_lens[seq + 1] - cu_q_lens[seq]
+    q_pos = kv_lens[seq] - q_len + (t - cu_q_lens[seq])
+    kv_len_tok = jnp.where(valid, kv_lens[seq], 0)
+    longest = jnp.max(jnp.where(jnp.arange(max_num_seqs) < n, kv_lens, 0))
+    num_blocks = (longest + block_tokens - 1) // block_tokens
+
+    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, q_per_kv, head_dim)
+    offsets = jnp.arange(block_tokens, dtype=jnp.int32)
+
+    def body(i, carry):
+        m, l, acc = carry
+        pages = jax.lax.dynamic_slice_in_dim(page_indices, i * block, block, axis=1)[seq]   # [T, block]
+        kv = kv_pages[pages].reshape(num_tokens, block_tokens, combined, head_dim).astype(jnp.float32)
+        k, v = kv[:, :, 0::2], kv[:, :, 1::2]                                                  # [T, K, G, D]
+        s = jnp.einsum("tgqd,tkgd->tgqk", qg, k)
+        if soft_cap is not None:
+            s = soft_cap * jnp.tanh(s / soft_cap)
+        k_pos = i * block_tokens + offsets                                                     # [K]
+        allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len_tok[:, None])
+        if sliding_window is not None:
+            allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        s = jnp.where(allowed[:, None, None, :], s, MASK_VALUE)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        correction = jnp.exp(m - m_new)
+        l_new = l * correction + p.sum(axis=-1)
+        acc_new = acc * correction[..., None] + jnp.einsum("tgqk,tkgd->tgqd", p, v)
+        return m_new, l_new, acc_new
+
+    init = (jnp.full((num_tokens, num_kv_heads, q_per_kv), MASK_VALUE, jnp.float32),
+            jnp.zeros((num_tokens, num_kv_heads, q_per_kv), jnp.float32),
+            jnp.zeros((num_tokens, num_kv_heads, q_per_kv, head_dim), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    out = acc / jnp.where(l == 0, 1.0, l)[..., None]
+    out = jnp.where(valid[:, None, None, None], out, 0.0)
+    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def write_kv(kv_pages, k, v, slot_mapping):
+    """Scatter this step's K and V ([tokens, kv_heads, head_dim]) into their cache slots.
+
+    slot = page * page_size + offset; a slot outside the cache (padding tokens use -1 or
+    the pool size) is dropped.
+    """
+    num_pages, page_size, combined, head_dim = kv_pages.shape
+    kv = jnp.stack([k, v], axis=2).reshape(k.shape[0], combined, head_dim).astype(kv_pages.dtype)
+    flat = kv_pages.reshape(num_pages * page_size, combined, head_dim)
+    slots = jnp.where(slot_mapping < 0, num_pages * page_size, slot_mapping)
+    return flat.at[slots].set(kv, mode="drop").reshape(kv_pages.shape)
+
+
+def pallas_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+                                  sm_scale: float = 1.0, sliding_window: int | None = None,
+                                  soft_cap: float | None = None, block_sizes: "BlockSizes | None" = None):
+    """JAX's Pallas TPU kernel. Block sizes come from the caller (AOT on a CPU host, where the
+    kernel's own tuning table cannot read the chip) or from JAX's tuned table on a real TPU."""
+    from jax.experimental.pallas.ops.tpu import ragged_paged_attention as rpa
+
+    if block_sizes is None:
+        pages_per_block, queries_per_block = rpa.get_tuned_block_sizes(
+            q.dtype, kv_pages.dtype, q.shape[1], kv_pages.shape[2] // 2, q.shape[2],
+            kv_pages.shape[1], q.shape[0], page_indices.shape[1])
+        block_sizes = BlockSizes(pages_per_block, queries_per_block)
+    return rpa.ragged_paged_attention(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+        sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+        num_kv_pages_per_block=min(block_sizes.kv_pages_per_block, page_indices.shape[1]),
+        num_queries_per_block=block_sizes.queries_per_block,
+        vmem_limit_bytes=block_sizes.vmem_limit_bytes,
+    )
+
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    kv_pages_per_block: int = 16
+    queries_per_block: int = 32
+    vmem_limit_bytes: int = 64 * 1024 * 1024

@@ -1,0 +1,146 @@
+"""Sampling on device, one row per sequence: penalties, temperature, top-k, top-p, min-p,
+per-request seeds, and log-probabilities.
+
+Each row draws from its own key, `fold_in(key(seed), step)`, where `step` counts the
+tokens that request has generated: the same seed gives the same tokens whatever else is in
+the batch. Returned log-probabilities are those of the raw model output (before penalties
+and temperature), as vLLM and SGLang report them by default.
+"""
+
+from __future__ import annotations
+
+from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpu_plugins.errors import UserError
+
+MAX_LOGPROBS = 20   # top-n log-probabilities a request may ask for
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling knobs of one request. Stopping rules belong to the scheduler."""
+
+    temperature: float = 1.0          # 0 = greedy
+    top_k: int = 0                    # 0 or -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # on prompt and output tokens (HF/vLLM semantics)
+    presence_penalty: float = 0.0     # on output tokens
+    frequency_penalty: float = 0.0    # on output tokens
+    seed: int | None = None
+    logprobs: int | None = None       # top-n log-probabilities of each sampled position (0 = sampled token only)
+
+    def __post_init__(self):
+        problems = []
+        if not self.temperature >= 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            problems.append(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            problems.append("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            problems.append(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            problems.append(f"seed must be a non-negative integer below 2**63, got {self.seed}")
+        if problems:
+            raise UserError("Invalid sampling parameters: " + "; ".join(problems) + ".")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: np.ndarray        # [S] int32
+    logprobs: np.ndarray         # [S] float32, of the sampled token
+    ranks: np.ndarray            # [S] int32, 1 = most likely
+    top_ids: np.ndarray | None   # [S, MAX_LOGPROBS] when any row asked for top-n
+    top_logprobs: np.ndarray | None
+
+
+def _filter(logits, top_k, top_p, min_p):
+    """Mask to -inf every token outside the row's top-k / top-p nucleus / min-p floor."""
+    vocab = logits.shape[-1]
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(ordered, axis=-1)
+    rank = jnp.arange(vocab)[None, :]
+    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]
+    keep &= (rank < top_k[:, None]) | (top_k[:, None] <= 0)
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    keep |= rank == 0
+    threshold = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def _penalise(logits, prompt_ids, output_ids, repetition, presence, frequency):
+    """vLLM semantics: repetition on tokens seen in prompt or output; presence/frequency on output."""
+    rows = jnp.arange(logits.shape[0])[:, None]
+    vocab = logits.shape[-1]
+    counts = jnp.zeros(logits.shape, jnp.int32).at[rows, jnp.where(output_ids < 0, vocab, output_ids)].add(1, mode="drop")
+    seen = jnp.zeros(logits.shape, bool).at[rows, jnp.where(prompt_ids < 0, vocab, prompt_ids)].set(True, mode="drop")
+    seen |= counts > 0
+    rep = repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+
+
+@functools.partial(jax.jit, static_argnames=("with_penalties", "with_top_logprobs", "with_allowed_mask"))
+def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, presence, frequency,
+           prompt_ids, output_ids, allowed_mask, *, with_penalties: bool, with_top_logprobs: bool,
+           with_allowed_mask: bool):
+    """logits f32 [S, V] -> (tokens, sampled logprob, rank, top ids, top logprobs)."""
+    raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    x = logits
+    if with_penalties:
+        x = _penalise(x, prompt_ids, output_ids, repetition, presence, frequency)
+    if with_allowed_mask:
+        x = jnp.where(allowed_mask, x, -jnp.inf)
+    greedy_tokens = jnp.argmax(x, axis=-1)
+
+    def gumbel(seed, step):
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
+
+    def draw(x):
+        scaled = _filter(x / jnp.maximum(temperature, 1e-6)[:, None], top_k, top_p, min_p)
+        return jnp.argmax(scaled + jax.vmap(gumbel)(seeds, steps), axis=-1)
+
+    # An all-greedy batch (the common serving case) skips the vocabulary sort entirely.
+    sampled = jax.lax.cond(jnp.all(temperature == 0), lambda x: greedy_tokens, draw, x)
+    tokens = jnp.where(temperature == 0, greedy_tokens, sampled).astype(jnp.int32)
+    token_lp = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
+    ranks = (raw_logprobs > token_lp[:, None]).sum(axis=-1).astype(jnp.int32) + 1
+    if with_top_logprobs:
+        top_lp, top_ids = jax.lax.top_k(raw_logprobs, MAX_LOGPROBS)
+    else:
+        top_lp = top_ids = None
+    return tokens, token_lp, ranks, top_ids, top_lp
+
+
+def prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log-probabilities of each prompt token given its prefix, from the logits rows of the
+    tokens before it: logits [P, V], next_ids [P] -> (logprob [P], top ids [P, n], top logprobs [P, n])."""
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    lp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    chosen = lp[np.arange(len(next_ids)), next_ids]
+    top = np.argsort(-lp, axis=-1, kind="stable")[:, :n]
+    return chosen.astype(np.float32), top.astype(np.int32), np.take_along_axis(lp, top, axis=-1).astype(np.float32)
