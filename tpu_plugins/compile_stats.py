@@ -1,8 +1,9 @@
 """Counts every XLA program this process builds, from JAX's own monitoring events.
 
-`programs_built` rises each time JAX compiles a program or loads one from the persistent
-cache; `backend_compiles` only when XLA really compiles. The engine reads them around its
-warm-up: anything built after warm-up is a recompile, whoever triggered it.
+`programs_built` rises each time JAX builds an executable (compiled, or loaded from the
+persistent cache); `cache_hits` when it was loaded from disk; `backend_compiles` is the
+difference: real XLA compilations. The engine reads them around its warm-up: anything built
+after warm-up is a recompile, whoever triggered it.
 """
 
 from __future__ import annotations
@@ -11,28 +12,26 @@ from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before ja
 
 import threading
 
-from tpu_plugins import runtime
+from jax import monitoring
 
-from jax import monitoring  # noqa: E402
-
-_BUILD_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_BUILD_EVENT = "/jax/core/compile/backend_compile_duration"   # wraps compile-or-load-from-cache
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 _lock = threading.Lock()
-_counts = {"programs_built": 0, "backend_compiles": 0}
+_counts = {"programs_built": 0, "cache_hits": 0}
 _installed = False
 
 
 def _on_event(event: str, **_kwargs) -> None:
-    if event == _BUILD_EVENT:
+    if event == _CACHE_HIT_EVENT:
         with _lock:
-            _counts["programs_built"] += 1
+            _counts["cache_hits"] += 1
 
 
 def _on_duration(event: str, _duration: float, **_kwargs) -> None:
-    if event == _COMPILE_EVENT:
+    if event == _BUILD_EVENT:
         with _lock:
-            _counts["backend_compiles"] += 1
+            _counts["programs_built"] += 1
 
 
 def install() -> None:
@@ -47,4 +46,6 @@ def install() -> None:
 
 def snapshot() -> dict[str, int]:
     with _lock:
-        return dict(_counts)
+        out = dict(_counts)
+    out["backend_compiles"] = out["programs_built"] - out["cache_hits"]
+    return out

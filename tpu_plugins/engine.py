@@ -110,6 +110,8 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 def enable_compile_cache(directory: Path) -> None:
+    """JAX's persistent cache for every program, however fast it compiled. Process-wide: JAX
+    opens the cache at its first compilation, so the first engine's directory holds."""
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -119,6 +121,8 @@ def enable_compile_cache(directory: Path) -> None:
 class Engine:
     def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None):
         self.config = config
+        # Before anything compiles, so every program of this process can come from the disk cache.
+        enable_compile_cache(Path(config.compile_cache_dir or settings.load().cache_dir / "jax-compile"))
         self.runtime = runtime.current()
         path = Path(config.model)
         self.model_config = ModelConfig.from_path(path)
@@ -142,7 +146,6 @@ class Engine:
         compile_stats.install()
         self.counters = Counters(at_start=compile_stats.snapshot())
         self._programs: dict = {}
-        enable_compile_cache(config.compile_cache_dir or settings.load().cache_dir / "jax-compile")
 
         if abstract:
             self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh)

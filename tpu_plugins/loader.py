@@ -36,30 +36,37 @@ LAYER_NAMES = {
 GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
-def _heads(w: np.ndarray, axis: int, heads: int, head_dim: int, target: int, replicas: int) -> np.ndarray:
-    """Reshape axis into (heads, head_dim), replicate or zero-pad the heads, flatten back."""
-    shape = w.shape[:axis] + (heads, head_dim) + w.shape[axis + 1:]
+def _query_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
+    """Query-head axis (heads * head_dim) -> (groups, q_per_group) zero-padded, flattened back."""
+    shape = w.shape[:axis] + (cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim) + w.shape[axis + 1:]
     w = w.reshape(shape)
-    if replicas > 1:
-        w = np.repeat(w, replicas, axis=axis)
-    if w.shape[axis] < target:
-        pad = [(0, 0)] * w.ndim
-        pad[axis] = (0, target - w.shape[axis])
-        w = np.pad(w, pad)
-    return w.reshape(w.shape[:axis] + (target * head_dim,) + w.shape[axis + 2:])
+    pad = [(0, 0)] * w.ndim
+    pad[axis] = (0, layout.groups - cfg.num_kv_heads)
+    pad[axis + 1] = (0, layout.q_per_group - cfg.q_per_kv)
+    w = np.pad(w, pad)
+    return w.reshape(w.shape[:axis] + (layout.num_heads * cfg.head_dim,) + w.shape[axis + 3:])
+
+
+def _kv_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
+    """KV-head axis -> each head repeated kv_replicas times, zero groups appended, flattened back."""
+    shape = w.shape[:axis] + (cfg.num_kv_heads, cfg.head_dim) + w.shape[axis + 1:]
+    w = np.repeat(w.reshape(shape), layout.kv_replicas, axis=axis)
+    pad = [(0, 0)] * w.ndim
+    pad[axis] = (0, layout.num_kv_heads - w.shape[axis])
+    w = np.pad(w, pad)
+    return w.reshape(w.shape[:axis] + (layout.num_kv_heads * cfg.head_dim,) + w.shape[axis + 2:])
 
 
 def transform(name: str, w: np.ndarray, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
     """HF layout -> ours for one tensor (before the dtype cast)."""
-    hd = cfg.head_dim
     if name in ("q", "k", "v", "o", "gate", "up", "down", "lm_head"):
         w = w.T
     if name in ("q", "q_bias"):
-        w = _heads(w, w.ndim - 1, cfg.num_heads, hd, layout.num_heads, 1)
+        w = _query_heads(w, w.ndim - 1, cfg, layout)
     elif name in ("k", "v", "k_bias", "v_bias"):
-        w = _heads(w, w.ndim - 1, cfg.num_kv_heads, hd, layout.num_kv_heads, layout.kv_replicas)
+        w = _kv_heads(w, w.ndim - 1, cfg, layout)
     elif name == "o":
-        w = _heads(w, 0, cfg.num_heads, hd, layout.num_heads, 1)
+        w = _query_heads(w, 0, cfg, layout)
     elif name in ("embed", "lm_head") and layout.vocab_size != cfg.vocab_size:
         axis = 0 if name == "embed" else 1
         pad = [(0, 0), (0, 0)]

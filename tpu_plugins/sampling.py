@@ -76,7 +76,7 @@ class SamplerOutput:
     top_logprobs: np.ndarray | None
 
 
-def _filter(logits, top_k, top_p, min_p):
+def filter_logits(logits, top_k, top_p, min_p):
     """Mask to -inf every token outside the row's top-k / top-p nucleus / min-p floor."""
     vocab = logits.shape[-1]
     ordered = jnp.sort(logits, axis=-1)[:, ::-1]
@@ -90,7 +90,7 @@ def _filter(logits, top_k, top_p, min_p):
     return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
-def _penalise(logits, prompt_ids, output_ids, repetition, presence, frequency):
+def apply_penalties(logits, prompt_ids, output_ids, repetition, presence, frequency):
     """vLLM semantics: repetition on tokens seen in prompt or output; presence/frequency on output."""
     rows = jnp.arange(logits.shape[0])[:, None]
     vocab = logits.shape[-1]
@@ -110,7 +110,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, p
     raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
     x = logits
     if with_penalties:
-        x = _penalise(x, prompt_ids, output_ids, repetition, presence, frequency)
+        x = apply_penalties(x, prompt_ids, output_ids, repetition, presence, frequency)
     if with_allowed_mask:
         x = jnp.where(allowed_mask, x, -jnp.inf)
     greedy_tokens = jnp.argmax(x, axis=-1)
@@ -120,7 +120,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, p
         return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
 
     def draw(x):
-        scaled = _filter(x / jnp.maximum(temperature, 1e-6)[:, None], top_k, top_p, min_p)
+        scaled = filter_logits(x / jnp.maximum(temperature, 1e-6)[:, None], top_k, top_p, min_p)
         return jnp.argmax(scaled + jax.vmap(gumbel)(seeds, steps), axis=-1)
 
     # An all-greedy batch (the common serving case) skips the vocabulary sort entirely.
@@ -129,7 +129,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, p
     token_lp = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
     ranks = (raw_logprobs > token_lp[:, None]).sum(axis=-1).astype(jnp.int32) + 1
     if with_top_logprobs:
-        top_lp, top_ids = jax.lax.top_k(raw_logprobs, MAX_LOGPROBS)
+        top_lp, top_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, logits.shape[-1]))
     else:
         top_lp = top_ids = None
     return tokens, token_lp, ranks, top_ids, top_lp

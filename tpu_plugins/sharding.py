@@ -35,29 +35,40 @@ HEADS = P(None, MODEL, None)            # activations [tokens, heads, head_dim]
 
 @dataclass(frozen=True)
 class HeadLayout:
-    """Head and vocabulary counts as laid out for one tensor-parallel size."""
+    """Heads and vocabulary as laid out for one tensor-parallel size.
+
+    The query heads are `groups` GQA groups of `q_per_group` heads each (zero-padded where the
+    model has fewer); each group's KV head is stored `kv_replicas` times, so chip c holds whole
+    groups, or an equal share of one group's query heads next to its own KV copy.
+    """
 
     tp: int
-    num_heads: int        # query heads, after padding
-    num_kv_heads: int     # KV heads, after replication or padding
-    kv_replicas: int      # copies of each original KV head (1 unless replicated)
+    groups: int           # GQA groups after padding
+    q_per_group: int      # query heads per group after padding
+    kv_replicas: int      # copies of each KV head
     vocab_size: int       # vocabulary, padded to a multiple of tp
 
     @property
+    def num_heads(self) -> int:
+        return self.groups * self.q_per_group
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.groups * self.kv_replicas
+
+    @property
     def q_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        return self.q_per_group // self.kv_replicas
 
 
 def head_layout(cfg: ModelConfig, tp: int) -> HeadLayout:
-    """Choose how heads spread over `tp` chips, cheapest first:
-    split as is; replicate each KV head when the chips outnumber them and each group's query
-    heads divide among the copies; otherwise pad with whole zero groups."""
+    """The cheapest layout (fewest query heads, then fewest KV heads) of:
+    split as is; replicate each KV head when chips outnumber them (padding each group's query
+    heads to a multiple of the copies); or pad with whole zero groups."""
     vocab = -(-cfg.vocab_size // tp) * tp
     groups, qpk = cfg.num_kv_heads, cfg.q_per_kv
-    if groups % tp == 0:
-        return HeadLayout(tp, cfg.num_heads, groups, 1, vocab)
-    if tp % groups == 0 and qpk % (tp // groups) == 0:
+    options = [HeadLayout(tp, -(-groups // tp) * tp, qpk, 1, vocab)]        # as is, or padded groups
+    if tp % groups == 0 and tp > groups:
         replicas = tp // groups
-        return HeadLayout(tp, cfg.num_heads, groups * replicas, replicas, vocab)
-    padded = -(-groups // tp) * tp
-    return HeadLayout(tp, padded * qpk, padded, 1, vocab)
+        options.append(HeadLayout(tp, groups, -(-qpk // replicas) * replicas, replicas, vocab))
+    return min(options, key=lambda layout: (layout.num_heads, layout.num_kv_heads))
