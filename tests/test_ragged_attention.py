@@ -36,12 +36,12 @@ CASES = {
 
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("sliding_window,soft_cap", [(None, None), (5, None), (None, 4.0)])
-@pytest.mark.parametrize("pages_per_block", [1, 4, 8])
-def test_matches_jax_reference(name, sliding_window, soft_cap, pages_per_block):
+@pytest.mark.parametrize("pages_per_block,tokens_per_block", [(1, 8), (4, 24), (8, 4)])
+def test_matches_jax_reference(name, sliding_window, soft_cap, pages_per_block, tokens_per_block):
     rng = np.random.default_rng(len(name))
     args, real = make_case(rng, *CASES[name])
     kw = dict(sm_scale=0.25, sliding_window=sliding_window, soft_cap=soft_cap)
-    ours = ref_ragged_paged_attention(*args, pages_per_block=pages_per_block, **kw)
+    ours = ref_ragged_paged_attention(*args, pages_per_block=pages_per_block, tokens_per_block=tokens_per_block, **kw)
     theirs = jax_reference(*args, **kw)
     np.testing.assert_allclose(np.asarray(ours[:real]), np.asarray(theirs), atol=2e-5, rtol=2e-5)
     assert not np.asarray(ours[real:]).any(), "padding rows must be zero"

@@ -36,7 +36,8 @@ from tpu_plugins.errors import UserError
 from tpu_plugins.loader import abstract_params, load_params
 from tpu_plugins.mesh import MeshShape, make_mesh
 from tpu_plugins.models import decoder
-from tpu_plugins.models.attention import AttentionSpec
+from tpu_plugins.kernels.ragged_attention import BlockSizes
+from tpu_plugins.models.attention import IMPLEMENTATIONS, AttentionSpec
 from tpu_plugins.models.config import ModelConfig
 from tpu_plugins.models.rope import inverse_frequencies
 from tpu_plugins.sharding import head_layout
@@ -135,11 +136,17 @@ class Engine:
         tp = config.tensor_parallel_size
         self.mesh = mesh if mesh is not None else make_mesh(MeshShape(model=tp))
         self.layout = head_layout(cfg, tp)
+        on_tpu = self.mesh.devices.flat[0].platform == "tpu"
         impl = config.attention
         if impl == "auto":
-            impl = "pallas" if self.mesh.devices.flat[0].platform == "tpu" else "reference"
-        self.attention = AttentionSpec(sm_scale=cfg.sm_scale, sliding_window=cfg.sliding_window,
-                                       soft_cap=cfg.attn_logit_softcap, implementation=impl)
+            impl = "pallas" if on_tpu else "reference"
+        if impl not in IMPLEMENTATIONS:
+            raise UserError(f"attention={impl!r} is not one of: auto, {', '.join(IMPLEMENTATIONS)}.")
+        self.attention = AttentionSpec(
+            sm_scale=cfg.sm_scale, sliding_window=cfg.sliding_window, soft_cap=cfg.attn_logit_softcap,
+            implementation=impl,
+            # Off a real TPU (AOT, interpret mode) JAX's tuning table cannot read the chip: fixed blocks.
+            block_sizes=None if on_tpu else BlockSizes())
         self.inv_freq = jnp.asarray(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
         self.buckets = token_buckets(config.max_num_batched_tokens)

@@ -15,8 +15,7 @@ key at a position <= its own (and, with a sliding window W, > its own - W).
 
 `ref_ragged_paged_attention` is ours, not JAX's: JAX's reference loops over sequences in
 Python (it cannot be jitted with a dynamic batch), while ours is jittable and is the
-production path on CPU. It walks the KV in blocks of pages up to the longest sequence in the
-batch (a dynamic trip count, so short batches pay for short contexts) with an online softmax.
+production path on CPU (see its docstring for how it keeps prefill cheap).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 REF_PAGES_PER_BLOCK = 8
+REF_TOKENS_PER_BLOCK = 16
 
 
 def static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
@@ -58,14 +58,35 @@ def static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_se
         raise ValueError("soft_cap must not be 0.0 (use None to disable it).")
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "pages_per_block"))
+def _online_merge(state, scores, values, allowed):
+    """Fold one block of scores [t, g, q, k] and values [t, k, g, d] into (max, sum, acc)."""
+    m, l, acc = state
+    scores = jnp.where(allowed, scores, MASK_VALUE)
+    m_new = jnp.maximum(m, scores.max(axis=-1))
+    p = jnp.exp(scores - m_new[..., None])
+    correction = jnp.exp(m - m_new)
+    return (m_new, l * correction + p.sum(axis=-1),
+            acc * correction[..., None] + jnp.einsum("tgqk,tkgd->tgqd", p, values))
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "pages_per_block",
+                                             "tokens_per_block"))
 def ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                                sm_scale: float = 1.0, sliding_window: int | None = None,
-                               soft_cap: float | None = None, pages_per_block: int = REF_PAGES_PER_BLOCK):
+                               soft_cap: float | None = None, pages_per_block: int = REF_PAGES_PER_BLOCK,
+                               tokens_per_block: int = REF_TOKENS_PER_BLOCK):
+    """Jittable reference in two parts, merged by an online softmax:
+
+    * the step's own tokens attend to each other densely (their K/V are read back from their
+      slots once): prefill costs T x T scores and no per-key gathers;
+    * each token attends to its sequence's earlier context in the cache, walked in blocks of
+      pages; tokens go in blocks of `tokens_per_block`, and each block walks only as far as its
+      own longest context, so a fresh prefill does not pay for the decodes beside it.
+    """
     static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
                            sliding_window=sliding_window, soft_cap=soft_cap)
     num_tokens, num_q_heads, head_dim = q.shape
-    _, page_size, combined, _ = kv_pages.shape
+    num_pages, page_size, combined, _ = kv_pages.shape
     num_kv_heads = combined // 2
     q_per_kv = num_q_heads // num_kv_heads
     max_num_seqs, pages_per_seq = page_indices.shape
@@ -73,48 +94,72 @@ def ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, nu
     if pages_per_seq % block:
         page_indices = jnp.pad(page_indices, ((0, 0), (0, block - pages_per_seq % block)))
     block_tokens = block * page_size
+    tb = tokens_per_block if num_tokens % tokens_per_block == 0 else num_tokens
 
-    # Which sequence each token belongs to, and its position in that sequence.
+    # Which sequence each token belongs to, its position, and its sequence's earlier context.
     t = jnp.arange(num_tokens, dtype=jnp.int32)
-    n = num_seqs[0]
     seq = jnp.clip(jnp.searchsorted(cu_q_lens[1:], t, side="right"), 0, max_num_seqs - 1).astype(jnp.int32)
-    valid = t < cu_q_lens[n]
+    valid = t < cu_q_lens[num_seqs[0]]
     q_len = cu_q_lens[seq + 1] - cu_q_lens[seq]
-    q_pos = kv_lens[seq] - q_len + (t - cu_q_lens[seq])
-    kv_len_tok = jnp.where(valid, kv_lens[seq], 0)
-    longest = jnp.max(jnp.where(jnp.arange(max_num_seqs) < n, kv_lens, 0))
-    num_blocks = (longest + block_tokens - 1) // block_tokens
+    context = jnp.where(valid, kv_lens[seq] - q_len, 0)
+    q_pos = context + (t - cu_q_lens[seq])
+
+    def capped(s):
+        return soft_cap * jnp.tanh(s / soft_cap) if soft_cap is not None else s
+
+    def in_window(k_pos, q_pos):
+        return k_pos > q_pos - sliding_window if sliding_window is not None else True
 
     qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, q_per_kv, head_dim)
-    offsets = jnp.arange(block_tokens, dtype=jnp.int32)
+    flat = kv_pages.reshape(num_pages * page_size, combined, head_dim)
 
-    def body(i, carry):
-        m, l, acc = carry
-        pages = jax.lax.dynamic_slice_in_dim(page_indices, i * block, block, axis=1)[seq]   # [T, block]
-        kv = kv_pages[pages].reshape(num_tokens, block_tokens, combined, head_dim).astype(jnp.float32)
-        k, v = kv[:, :, 0::2], kv[:, :, 1::2]                                                  # [T, K, G, D]
-        s = jnp.einsum("tgqd,tkgd->tgqk", qg, k)
-        if soft_cap is not None:
-            s = soft_cap * jnp.tanh(s / soft_cap)
-        k_pos = i * block_tokens + offsets                                                     # [K]
-        allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len_tok[:, None])
-        if sliding_window is not None:
-            allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
-        s = jnp.where(allowed[:, None, None, :], s, MASK_VALUE)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        correction = jnp.exp(m - m_new)
-        l_new = l * correction + p.sum(axis=-1)
-        acc_new = acc * correction[..., None] + jnp.einsum("tgqk,tkgd->tgqd", p, v)
-        return m_new, l_new, acc_new
-
+    # Part 1: the step's tokens among themselves.
+    slot = page_indices[seq, q_pos // page_size] * page_size + q_pos % page_size
+    new = flat[slot].astype(jnp.float32)                                                # [T, C, D]
+    k_new, v_new = new[:, 0::2], new[:, 1::2]
+    scores = capped(jnp.einsum("tgqd,ugd->tgqu", qg, k_new))
+    allowed = (seq[None, :] == seq[:, None]) & (q_pos[None, :] <= q_pos[:, None]) & valid[None, :]
+    allowed &= in_window(q_pos[None, :], q_pos[:, None])
     init = (jnp.full((num_tokens, num_kv_heads, q_per_kv), MASK_VALUE, jnp.float32),
             jnp.zeros((num_tokens, num_kv_heads, q_per_kv), jnp.float32),
             jnp.zeros((num_tokens, num_kv_heads, q_per_kv, head_dim), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    state = _dense_merge(init, scores, v_new, allowed)
+
+    # Part 2: each token block against its sequences' cached context.
+    offsets = jnp.arange(block_tokens, dtype=jnp.int32)
+
+    def token_block(args):
+        qb, seqb, posb, ctxb, (m, l, acc) = args
+        first = 0 if sliding_window is None else jnp.maximum(jnp.min(posb) - sliding_window + 1, 0) // block_tokens
+        last = (jnp.max(ctxb) + block_tokens - 1) // block_tokens
+
+        def body(i, carry):
+            pages = jax.lax.dynamic_slice_in_dim(page_indices, i * block, block, axis=1)[seqb]   # [tb, block]
+            kv = kv_pages[pages].reshape(tb, block_tokens, combined, head_dim).astype(jnp.float32)
+            k_pos = i * block_tokens + offsets
+            ok = (k_pos[None, :] < ctxb[:, None]) & in_window(k_pos[None, :], posb[:, None])
+            s = capped(jnp.einsum("tgqd,tkgd->tgqk", qb, kv[:, :, 0::2]))
+            return _online_merge(carry, s, kv[:, :, 1::2], ok[:, None, None, :])
+
+        return jax.lax.fori_loop(first, jnp.maximum(first, last), body, (m, l, acc))
+
+    split = lambda x: x.reshape(num_tokens // tb, tb, *x.shape[1:])  # noqa: E731
+    state = jax.lax.map(token_block, (split(qg), split(seq), split(q_pos), split(context), jax.tree.map(split, state)))
+    _, l, acc = jax.tree.map(lambda x: x.reshape(num_tokens, *x.shape[2:]), state)
     out = acc / jnp.where(l == 0, 1.0, l)[..., None]
     out = jnp.where(valid[:, None, None, None], out, 0.0)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _dense_merge(state, scores, values, allowed):
+    """Part 1's merge: scores [t, g, q, u] against the step's own values [u, g, d]."""
+    m, l, acc = state
+    scores = jnp.where(allowed[:, None, None, :], scores, MASK_VALUE)
+    m_new = jnp.maximum(m, scores.max(axis=-1))
+    p = jnp.exp(scores - m_new[..., None])
+    correction = jnp.exp(m - m_new)
+    return (m_new, l * correction + p.sum(axis=-1),
+            acc * correction[..., None] + jnp.einsum("tgqu,ugd->tgqd", p, values))
 
 
 def write_kv(kv_pages, k, v, slot_mapping):
