@@ -120,7 +120,10 @@ def enable_compile_cache(directory: Path) -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None):
+    def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None, defer_kv_cache: bool = False):
+        """Load the model (or, with `abstract`, only its shapes). The KV cache is allocated now
+        (config.num_pages, else what the memory budget holds), or later by `allocate_kv_cache`
+        when `defer_kv_cache` is set: vLLM sizes the cache itself after loading the model."""
         self.config = config
         # Before anything compiles, so every program of this process can come from the disk cache.
         enable_compile_cache(Path(config.compile_cache_dir or settings.load().cache_dir / "jax-compile"))
@@ -161,10 +164,12 @@ class Engine:
                 raise UserError(f"{path} is not a model folder; weights are needed to run (a config.json alone is "
                                 "enough only for ahead-of-time compilation).")
             self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress)
-        self.kv_spec = kv_cache.KVCacheSpec(cfg.num_layers, self._num_pages(), config.page_size,
-                                            self.layout.num_kv_heads, cfg.head_dim, np.dtype(self.dtype))
-        self.kv_caches = kv_cache.abstract(self.kv_spec, self.mesh) if abstract else kv_cache.allocate(self.kv_spec, self.mesh)
+        self._abstract = abstract
+        self.kv_spec: kv_cache.KVCacheSpec | None = None
+        self.kv_caches = None
         self._step = jax.jit(self._forward, donate_argnums=(1,), static_argnames=("all_logits",))
+        if not defer_kv_cache:
+            self.allocate_kv_cache(config.num_pages or min(self.max_useful_pages(), self.budget_pages()))
 
     # -- configuration -------------------------------------------------------------------
     def _validate_config(self) -> None:
@@ -182,27 +187,48 @@ class Engine:
         if problems:
             raise UserError("Invalid engine configuration: " + "; ".join(problems) + ".")
 
-    def _num_pages(self) -> int:
-        c = self.config
-        # Never more than every sequence at full length could use (+1 reserved page).
-        useful = c.max_num_seqs * self.pages_per_seq + 1
-        if c.num_pages is not None:
-            return c.num_pages
-        spec = kv_cache.KVCacheSpec(self.model_config.num_layers, 1, c.page_size, self.layout.num_kv_heads,
-                                    self.model_config.head_dim, np.dtype(self.dtype))
-        per_device_page = spec.bytes_per_page // self.layout.tp
-        weights = self.weight_bytes() // self.layout.tp
+    def allocate_kv_cache(self, num_pages: int) -> None:
+        """(Re)create the page pool with `num_pages` pages per layer."""
+        if num_pages < 2:
+            raise UserError(f"The KV cache needs at least 2 pages, got {num_pages}.")
+        cfg = self.model_config
+        self.kv_spec = kv_cache.KVCacheSpec(cfg.num_layers, num_pages, self.config.page_size, self.layout.num_kv_heads,
+                                            cfg.head_dim, np.dtype(self.dtype))
+        self.kv_caches = None   # free the old pool before making the new one
+        self.kv_caches = (kv_cache.abstract(self.kv_spec, self.mesh) if self._abstract
+                          else kv_cache.allocate(self.kv_spec, self.mesh))
+
+    def page_bytes_per_device(self) -> int:
+        """One page of every layer's K and V, on one device (heads are split over the model axis)."""
+        cfg = self.model_config
+        spec = kv_cache.KVCacheSpec(cfg.num_layers, 1, self.config.page_size, self.layout.num_kv_heads,
+                                    cfg.head_dim, np.dtype(self.dtype))
+        return spec.bytes_per_page // self.layout.tp
+
+    def max_useful_pages(self) -> int:
+        """Every sequence at full length, plus the reserved page: more is never used."""
+        return self.config.max_num_seqs * self.pages_per_seq + 1
+
+    def memory_per_device(self) -> int:
         memory = self.runtime.hbm_bytes_per_device or 0
         if self.runtime.kind == "cpu":
             memory = min(memory, 8 * 2**30)   # a sane host-memory budget for the stand-in
-        budget = int(memory * c.memory_fraction) - weights - self.activation_bytes()
-        pages = min(useful, kv_cache.pages_for_budget(budget, per_device_page))
-        if pages < 2:
+        return memory
+
+    def kv_budget_bytes(self) -> int:
+        """Bytes per device left for the KV cache: memory x memory_fraction - weights - activations."""
+        weights = self.weight_bytes() // self.layout.tp
+        memory = self.memory_per_device()
+        budget = int(memory * self.config.memory_fraction) - weights - self.activation_bytes()
+        if budget < 2 * self.page_bytes_per_device():
             raise UserError(
-                f"The KV cache does not fit: {memory / 2**30:.1f} GiB per device x memory fraction {c.memory_fraction} "
-                f"leaves {budget / 2**30:.2f} GiB after {weights / 2**30:.2f} GiB of weights. Raise the memory "
-                "fraction, use more chips (tensor parallelism) or a smaller dtype.")
-        return pages
+                f"The KV cache does not fit: {memory / 2**30:.1f} GiB per device x memory fraction "
+                f"{self.config.memory_fraction} leaves {max(budget, 0) / 2**30:.2f} GiB after {weights / 2**30:.2f} GiB "
+                "of weights. Raise the memory fraction, use more chips (tensor parallelism) or a smaller dtype.")
+        return budget
+
+    def budget_pages(self) -> int:
+        return kv_cache.pages_for_budget(self.kv_budget_bytes(), self.page_bytes_per_device())
 
     def weight_bytes(self) -> int:
         leaves = jax.tree_util.tree_leaves(self.params) if hasattr(self, "params") else None
