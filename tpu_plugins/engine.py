@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "fp32": jnp.float32, "bf16": jnp.bfloat16}
 MIN_TOKEN_BUCKET = 16
+PAGE_COPY_GROUP = 16
 
 
 @dataclass
@@ -342,6 +344,16 @@ class Engine:
         logits, token_logits, self.kv_caches = program(self.params, self.kv_caches, arrays)
         return logits, np.asarray(token_logits)[: len(batch.token_ids), : self.model_config.vocab_size]
 
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole pages (every layer's K and V) from src to dst: copy-on-write for a
+        scheduler's partial prefix-cache hits. Runs in fixed groups so it never recompiles."""
+        for start in range(0, len(pairs), PAGE_COPY_GROUP):
+            group = pairs[start:start + PAGE_COPY_GROUP]
+            src = np.zeros(PAGE_COPY_GROUP, np.int32)
+            dst = np.full(PAGE_COPY_GROUP, self.kv_spec.num_pages, np.int32)   # out of range: dropped
+            src[: len(group)], dst[: len(group)] = zip(*group)
+            self.kv_caches = _copy_pages(self.kv_caches, src, dst)
+
     # -- sampling --------------------------------------------------------------------------
     def sample(self, logits: jax.Array, params: list[sampling.SamplingParams], steps: list[int],
                seeds: list[int], histories: list[tuple[list[int], list[int]]] | None = None,
@@ -388,7 +400,8 @@ class Engine:
 
     # -- warm-up ---------------------------------------------------------------------------
     def warmup(self) -> None:
-        """Compile every step bucket and the plain sampler for each, before serving."""
+        """Compile every step bucket, the plain sampler for each, and the page copy, before serving."""
+        self.copy_pages([(0, 0)])
         buckets = [(b, min(b, self.config.max_num_seqs)) for b in self.buckets]
         for tokens, seqs in tqdm(buckets, desc="Compiling step buckets", disable=not self.config.progress):
             if self.config.prompt_logprobs:
@@ -399,6 +412,11 @@ class Engine:
             for temperature in (0.0, 1.0):
                 self.sample(logits, [sampling.SamplingParams(temperature=temperature)], [0], [0])
         self.counters.after_warmup = compile_stats.snapshot()
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _copy_pages(kv_caches, src, dst):
+    return [cache.at[dst].set(cache[src], mode="drop") for cache in kv_caches]
 
 
 def _pow2(n: int) -> int:

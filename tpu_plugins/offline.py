@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tpu_plugins.engine import Engine, RaggedBatch
+from tpu_plugins.batching import SeqChunk, ragged_batch
+from tpu_plugins.engine import Engine
 from tpu_plugins.errors import UserError
 from tpu_plugins.kv_cache import PageAllocator
 from tpu_plugins.sampling import SamplingParams, prompt_logprobs
@@ -141,19 +142,8 @@ class OfflineGenerator:
 
     # -- one step ------------------------------------------------------------------------
     def _run(self, scheduled: list[tuple[_Request, int]]) -> None:
-        ids, positions, slots, q_lens, kv_lens, tables = [], [], [], [], [], []
-        for req, chunk in scheduled:
-            start = req.computed
-            pos = np.arange(start, start + chunk)
-            ids.append(np.asarray(req.tokens[start:start + chunk]))
-            positions.append(pos)
-            pages = np.asarray(req.pages)
-            slots.append(pages[pos // self.page_size] * self.page_size + pos % self.page_size)
-            q_lens.append(chunk)
-            kv_lens.append(start + chunk)
-            tables.append(req.pages)
-        batch = RaggedBatch(np.concatenate(ids), np.concatenate(positions), np.concatenate(slots),
-                            np.asarray(q_lens), np.asarray(kv_lens), tables)
+        batch = ragged_batch([SeqChunk(req.tokens[req.computed:req.computed + chunk], req.computed, req.pages)
+                              for req, chunk in scheduled], self.page_size)
         wants_prompt = [r.params.prompt_logprobs is not None and r.computed < len(r.prompt) for r, _ in scheduled]
         if any(wants_prompt):
             logits, token_logits = self.engine.execute_with_token_logits(batch)
@@ -192,8 +182,7 @@ class OfflineGenerator:
                 rows = np.arange(req.computed, last)
                 if len(rows):
                     n = req.params.prompt_logprobs
-                    lp, top_ids, top_lps = prompt_logprobs(token_logits[row + rows - req.computed],
-                                                           np.asarray(req.prompt)[rows + 1], max(n, 1))
-                    req.prompt_logprobs += lp.tolist()
-                    req.prompt_top_logprobs += [dict(zip(i[:n].tolist(), v[:n].tolist())) for i, v in zip(top_ids, top_lps)]
+                    got = prompt_logprobs(token_logits[row + rows - req.computed], np.asarray(req.prompt)[rows + 1], n)
+                    req.prompt_logprobs += got.logprobs.tolist()
+                    req.prompt_top_logprobs += [dict(zip(i.tolist(), v.tolist())) for i, v in zip(got.top_ids, got.top_logprobs)]
             row += chunk

@@ -82,6 +82,14 @@ def prepare_jax() -> None:
             )
 
 
+def device_count_before_jax() -> int | None:
+    """How many devices JAX will show, where that is known without starting JAX: on a host
+    with no TPU, the simulated slice's size (or 1). None with a TPU attached."""
+    if tpu_attached():
+        return None
+    return _current_sim_flag(settings.xla_flags()) or settings.load().simulated_devices or 1
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The execution target, as discovered. `kind` is what we run on, not what we emulate."""

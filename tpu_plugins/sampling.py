@@ -135,12 +135,32 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, p
     return tokens, token_lp, ranks, top_ids, top_lp
 
 
-def prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Log-probabilities of each prompt token given its prefix, from the logits rows of the
-    tokens before it: logits [P, V], next_ids [P] -> (logprob [P], top ids [P, n], top logprobs [P, n])."""
+@dataclass
+class PromptLogprobs:
+    logprobs: np.ndarray      # [P] float32: each prompt token given its prefix
+    ranks: np.ndarray         # [P] int32, 1 = most likely
+    top_ids: np.ndarray       # [P, n] int32
+    top_logprobs: np.ndarray  # [P, n] float32
+
+
+def prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, n: int) -> PromptLogprobs:
+    """From the logits rows of the tokens before each prompt token: logits [P, V], next_ids [P]."""
     logits = np.asarray(logits, np.float64)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     lp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     chosen = lp[np.arange(len(next_ids)), next_ids]
     top = np.argsort(-lp, axis=-1, kind="stable")[:, :n]
-    return chosen.astype(np.float32), top.astype(np.int32), np.take_along_axis(lp, top, axis=-1).astype(np.float32)
+    return PromptLogprobs(chosen.astype(np.float32), ((lp > chosen[:, None]).sum(-1) + 1).astype(np.int32),
+                          top.astype(np.int32), np.take_along_axis(lp, top, axis=-1).astype(np.float32))
+
+
+def unpack_token_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """xgrammar's packed int32 bitmask [rows, ceil(V/32)] -> bool [rows, vocab_size]: token t is
+    allowed iff bit (t & 31) of word (t >> 5) is set. Tokens beyond the mask's width are not allowed."""
+    words = np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint32)
+    bits = np.unpackbits(words.view(np.uint8).reshape(*words.shape, 4), axis=-1, bitorder="little")
+    allowed = bits.reshape(words.shape[0], -1).astype(bool)
+    out = np.zeros((words.shape[0], vocab_size), bool)
+    width = min(vocab_size, allowed.shape[1])
+    out[:, :width] = allowed[:, :width]
+    return out

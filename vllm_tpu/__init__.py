@@ -8,8 +8,8 @@ An out-of-tree plugin that activates wins over vLLM's built-in TPU platform.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
@@ -22,10 +22,10 @@ def platform_plugin() -> str | None:
 
         if not activation.tpu_requested():
             return None
-        if importlib.util.find_spec("vllm_tpu.platform") is None:
-            # The Platform/Worker/ModelRunner land with the vLLM adapter; until then stay out.
-            logger.warning("tpu-plugins: a TPU was requested, but this build has no vLLM platform yet.")
-            return None
+        # Our runner speaks the V1 model-runner scheduler contract (see model_runner.py).
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        # vLLM's engine-core process must agree, whatever its command line.
+        os.environ.setdefault("TPU_PLUGINS_DEVICE", "tpu")
         return PLATFORM_QUALNAME
     except Exception:  # a raising plugin would break every vLLM start
         logger.debug("tpu-plugins vLLM platform detection failed", exc_info=True)

@@ -1,0 +1,192 @@
+"""Maps vLLM's SchedulerOutput onto the core's ragged step, and the samples back to ModelRunnerOutput.
+
+Per request we keep what vLLM's scheduler does not resend: the prompt, the tokens sampled so
+far (with async scheduling the next step is scheduled before its input token is known to the
+scheduler, so the runner remembers it), the block table, and the sampling settings.
+`execute_model` runs the step and keeps the logits; `sample_tokens` applies vLLM's grammar
+bitmask and min_tokens / allowed_token_ids as a token mask, samples on device, and reports.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
+
+from tpu_plugins.batching import SeqChunk, ragged_batch
+from tpu_plugins.engine import Engine
+from tpu_plugins.sampling import prompt_logprobs, unpack_token_bitmask
+from vllm_tpu.sampling import to_core
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: object                      # vLLM SamplingParams
+    pages: list[int]
+    seed: int
+    output: list[int] = field(default_factory=list)
+    prompt_lp: list | None = field(default_factory=list)   # PromptLogprobs chunks; None once reported
+
+    def __post_init__(self):
+        self.core = to_core(self.params)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+
+@dataclass
+class _Step:
+    req_ids: list[str]
+    completes: list[bool]               # False for a prefill chunk that does not reach the end
+    logits: object                      # device array, one row per request
+
+
+class TpuModelRunner:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.requests: dict[str, _Request] = {}
+        self._step: _Step | None = None
+
+    # -- state -------------------------------------------------------------------------------
+    def _update(self, so) -> None:
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in so.scheduled_new_reqs:
+            seed = new.sampling_params.seed
+            self.requests[new.req_id] = _Request(
+                prompt=list(new.prompt_token_ids), params=new.sampling_params, pages=list(new.block_ids[0]),
+                seed=seed if seed is not None else random.getrandbits(63))
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            req = self.requests[req_id]
+            blocks = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                req.pages = list(blocks[0]) if blocks else []
+                if req_id in cached.all_token_ids:
+                    req.output = list(cached.all_token_ids[req_id][len(req.prompt):])
+            elif blocks:
+                req.pages += blocks[0]
+
+    # -- the step ----------------------------------------------------------------------------
+    def execute_model(self, so):
+        self._update(so)
+        if so.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        if so.kv_cache_block_copies:
+            self.engine.copy_pages([(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies])
+        computed = dict(zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.num_computed_tokens))
+        computed.update((new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs)
+        req_ids = list(so.num_scheduled_tokens)
+        chunks, completes, prompt_rows = [], [], []
+        for req_id in req_ids:
+            req, start, n = self.requests[req_id], computed[req_id], so.num_scheduled_tokens[req_id]
+            tokens = req.tokens
+            chunks.append(SeqChunk(tokens[start:start + n], start, req.pages))
+            completes.append(start + n >= len(tokens))
+            prompt_rows.append(req.params.prompt_logprobs is not None and req.prompt_lp is not None
+                               and start < len(req.prompt))
+        batch = ragged_batch(chunks, self.engine.config.page_size)
+        if any(prompt_rows):
+            logits, token_logits = self.engine.execute_with_token_logits(batch)
+            self._collect_prompt_logprobs(req_ids, chunks, prompt_rows, token_logits)
+        else:
+            logits = self.engine.execute(batch)
+        self._step = _Step(req_ids, completes, logits)
+        return None
+
+    def _collect_prompt_logprobs(self, req_ids, chunks, wanted, token_logits) -> None:
+        row = 0
+        for req_id, chunk, want in zip(req_ids, chunks, wanted):
+            if want:
+                req = self.requests[req_id]
+                if chunk.start == 0:
+                    req.prompt_lp = []
+                # Row p predicts the prompt token at p + 1.
+                positions = np.arange(chunk.start, min(chunk.start + len(chunk.token_ids), len(req.prompt) - 1))
+                if len(positions):
+                    rows = token_logits[row + positions - chunk.start]
+                    req.prompt_lp.append(prompt_logprobs(rows, np.asarray(req.prompt)[positions + 1],
+                                                         req.params.prompt_logprobs))
+            row += len(chunk.token_ids)
+
+    def sample_tokens(self, grammar_output) -> ModelRunnerOutput:
+        step, self._step = self._step, None
+        if step is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        reqs = [self.requests[r] for r in step.req_ids]
+        mask = self._token_mask(step.req_ids, reqs, grammar_output)
+        out = self.engine.sample(step.logits, [r.core for r in reqs], [len(r.output) for r in reqs],
+                                 [r.seed for r in reqs], [(r.prompt, r.output) for r in reqs], mask)
+        sampled, prompt_lps = [], {}
+        for i, (req_id, req, complete) in enumerate(zip(step.req_ids, reqs, step.completes)):
+            if not complete:
+                sampled.append([])
+                continue
+            token = int(out.token_ids[i])
+            req.output.append(token)
+            sampled.append([token])
+            if req.params.prompt_logprobs is not None and req.prompt_lp is not None:
+                prompt_lps[req_id] = _prompt_logprobs_tensors(req.prompt, req.prompt_lp)
+                req.prompt_lp = None   # reported once, when the prompt is done
+        return ModelRunnerOutput(req_ids=step.req_ids, req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+                                 sampled_token_ids=sampled, logprobs=_logprobs_lists(reqs, out),
+                                 prompt_logprobs_dict=prompt_lps)
+
+    def _token_mask(self, req_ids, reqs, grammar_output) -> np.ndarray | None:
+        vocab = self.engine.model_config.vocab_size
+        mask = None
+
+        def row(i):
+            nonlocal mask
+            if mask is None:
+                mask = np.ones((len(reqs), vocab), bool)
+            return mask[i]
+
+        if grammar_output is not None and len(grammar_output.structured_output_request_ids):
+            allowed = unpack_token_bitmask(grammar_output.grammar_bitmask, vocab)
+            index = {r: i for i, r in enumerate(req_ids)}
+            for k, req_id in enumerate(grammar_output.structured_output_request_ids):
+                if req_id in index:
+                    row(index[req_id])[:] &= allowed[k]
+        for i, req in enumerate(reqs):
+            p = req.params
+            if p.allowed_token_ids:
+                keep = np.zeros(vocab, bool)
+                keep[[t for t in p.allowed_token_ids if 0 <= t < vocab]] = True
+                row(i)[:] &= keep
+            if p.min_tokens and len(req.output) < p.min_tokens:
+                stops = [t for t in p.all_stop_token_ids if 0 <= t < vocab]
+                row(i)[stops] = False
+        return mask
+
+
+def _logprobs_lists(reqs, out) -> LogprobsLists | None:
+    wanted = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+    if not wanted:
+        return None
+    width = max(wanted) + 1
+    ids = np.zeros((len(reqs), width), np.int32)
+    lps = np.zeros((len(reqs), width), np.float32)
+    ids[:, 0], lps[:, 0] = out.token_ids, out.logprobs
+    if width > 1:
+        ids[:, 1:], lps[:, 1:] = out.top_ids[:, : width - 1], out.top_logprobs[:, : width - 1]
+    return LogprobsLists(ids, lps, np.asarray(out.ranks, np.int32))
+
+
+def _prompt_logprobs_tensors(prompt: list[int], chunks) -> LogprobsTensors:
+    """vLLM's layout: [prompt_len - 1, n + 1], column 0 the actual prompt token."""
+    n = chunks[0].top_ids.shape[1] if chunks else 0
+    lps = np.concatenate([c.logprobs for c in chunks]) if chunks else np.zeros(0, np.float32)
+    ids = np.zeros((len(lps), n + 1), np.int32)
+    values = np.zeros((len(lps), n + 1), np.float32)
+    ids[:, 0], values[:, 0] = prompt[1:len(lps) + 1], lps
+    if n:
+        ids[:, 1:] = np.concatenate([c.top_ids for c in chunks])
+        values[:, 1:] = np.concatenate([c.top_logprobs for c in chunks])
+    ranks = np.concatenate([c.ranks for c in chunks]) if chunks else np.zeros(0, np.int32)
+    return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values), torch.from_numpy(ranks))

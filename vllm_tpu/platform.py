@@ -1,0 +1,167 @@
+"""vLLM Platform for tpu-plugins: vLLM's scheduler, API server and tokenizer; our core runs the model.
+
+What vLLM sees: an out-of-tree platform whose torch tensors live on the host (`device_type`
+"cpu": vLLM's own bookkeeping tensors), one worker process (`uni` executor) that drives every
+local chip through SPMD, and a KV cache of `--block-size` pages sized from the chips' memory.
+`--tensor-parallel-size N` becomes the core's mesh, not N vLLM workers.
+
+Patch points: none. Everything goes through vLLM's platform hooks:
+  * `pre_register_and_update(parser)` re-adds `--device` (removed from vLLM in 0.10);
+  * `check_and_update_config` picks our worker, maps TP onto the mesh, checks the model;
+  * `validate_request` rejects sampling options the core does not implement, as HTTP 400.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from tpu_plugins import activation
+from tpu_plugins.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+WORKER_QUALNAME = "vllm_tpu.worker.TpuWorker"
+TP_KEY = "tpu_plugins_tensor_parallel_size"   # where the user's TP size is kept (additional_config)
+
+
+def _device_choice(value: str) -> str:
+    if value.strip().lower() != activation.DEVICE_NAME:
+        raise argparse.ArgumentTypeError(
+            f"--device {value!r} is not available here: vLLM is running on the tpu-plugins TPU platform, which "
+            "accepts only '--device tpu'. To use vLLM's CPU platform instead, set VLLM_TARGET_DEVICE=cpu.")
+    return activation.DEVICE_NAME
+
+
+def config_error(message: str):
+    """A configuration error: one line and exit for `vllm serve`, an exception for the Python API."""
+    if len(sys.argv) > 1 and sys.argv[1] == "serve" and sys.argv[0].endswith("vllm"):
+        logger.error("tpu-plugins: %s", message)
+        raise SystemExit(f"vllm serve: error: {message}")
+    raise UserError(message)
+
+
+_PATCHED = False
+
+
+def _allow_tensor_parallel_with_padded_heads() -> None:
+    """Patch point (no hook exists before it): vLLM's ModelConfig.verify_with_parallel_config
+    demands heads divisible by --tensor-parallel-size before any platform hook runs. On TPU the
+    TP size is the core's mesh, which pads or replicates heads (tpu_plugins/sharding.py), so the
+    check runs here with TP=1; check_and_update_config then moves the TP size to the mesh."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    from vllm.config.model import ModelConfig as VllmModelConfig
+
+    original = VllmModelConfig.verify_with_parallel_config
+
+    def verify_with_parallel_config(self, parallel_config):
+        tp = parallel_config.tensor_parallel_size
+        parallel_config.tensor_parallel_size = 1
+        try:
+            return original(self, parallel_config)
+        finally:
+            parallel_config.tensor_parallel_size = tp
+
+    VllmModelConfig.verify_with_parallel_config = verify_with_parallel_config
+    _PATCHED = True
+
+
+class TpuPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "tpu"
+    device_type: str = "cpu"       # torch side: vLLM's bookkeeping tensors stay on the host
+    dispatch_key: str = "CPU"
+    dist_backend: str = "gloo"
+    ray_device_key: str = ""
+    device_control_env_var: str = "TPU_VISIBLE_CHIPS"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float32]
+
+    @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        _allow_tensor_parallel_with_padded_heads()
+        if parser is None:
+            return
+        try:
+            parser.add_argument("--device", type=_device_choice, default=activation.DEVICE_NAME,
+                                help="Execution device; with tpu-plugins installed and active: 'tpu'.")
+        except argparse.ArgumentError:
+            pass   # already added (the hook can run twice)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        from tpu_plugins.models.config import ModelConfig
+
+        parallel = vllm_config.parallel_config
+        extra = vllm_config.additional_config
+        if TP_KEY not in extra:   # first call: take the user's TP size for the mesh
+            extra[TP_KEY] = parallel.tensor_parallel_size
+            if parallel.pipeline_parallel_size != 1:
+                config_error("--pipeline-parallel-size is not supported on TPU; use --tensor-parallel-size.")
+        parallel.tensor_parallel_size = 1
+        parallel.world_size = 1
+        parallel.distributed_executor_backend = "uni"
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER_QUALNAME
+        compilation = vllm_config.compilation_config
+        compilation.cudagraph_capture_sizes = []
+        try:
+            from vllm.config.compilation import CompilationMode
+
+            compilation.mode = CompilationMode.NONE
+        except ImportError:
+            pass
+
+        model = vllm_config.model_config
+        if model is not None:
+            try:
+                ModelConfig.from_hf(model.hf_config.to_dict())
+            except UserError as exc:
+                config_error(str(exc))
+            if model.dtype not in (torch.bfloat16, torch.float32):
+                config_error(f"--dtype {str(model.dtype).removeprefix('torch.')} is not supported on TPU; "
+                             "use --dtype bfloat16 or --dtype float32.")
+        cls._check_chips(extra[TP_KEY])
+
+    @classmethod
+    def _check_chips(cls, tp: int) -> None:
+        from tpu_plugins import runtime
+
+        # JAX must not start in this process: vLLM forks the engine core from it, and JAX does
+        # not survive fork(). Without a TPU the count is known from settings alone; on a TPU the
+        # worker checks when it builds the mesh.
+        available = runtime.device_count_before_jax()
+        if available is not None and tp > available:
+            config_error(f"--tensor-parallel-size {tp} needs {tp} chips, but {available} are visible. Lower it, or "
+                         f"on a CPU host simulate a slice with TPU_PLUGINS_SIM_DEVICES={tp}.")
+
+    @classmethod
+    def validate_request(cls, processed_inputs, params) -> None:
+        from vllm.sampling_params import SamplingParams
+
+        from vllm_tpu.sampling import unsupported_options
+
+        if isinstance(params, SamplingParams):
+            problems = unsupported_options(params)
+            if problems:
+                raise ValueError("Not supported on TPU: " + "; ".join(problems) + ".")
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        pass   # sampling seeds are per request, in the core
+
+    @classmethod
+    def set_device(cls, device) -> None:
+        pass

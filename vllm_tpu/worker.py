@@ -1,0 +1,126 @@
+"""vLLM Worker for tpu-plugins: one process, every local chip, the core engine underneath.
+
+Called by vLLM's uni-process executor, in this order: init_device, load_model,
+get_kv_cache_spec, determine_available_memory, initialize_from_config (allocates the page
+pool vLLM sized), compile_or_warm_up_model (compiles every bucket before the server says
+ready), then execute_model / sample_tokens for each step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from tpu_plugins.engine import Engine, EngineConfig
+from tpu_plugins.errors import UserError
+from vllm_tpu.model_runner import TpuModelRunner
+from vllm_tpu.platform import TP_KEY
+
+TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _model_folder(model: str) -> Path:
+    path = Path(model)
+    if path.is_dir():
+        return path
+    try:   # a hub id already in the local Hugging Face cache; nothing is downloaded here
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:
+        raise UserError(f"Model {model!r} is not a local folder or a cached Hugging Face model.") from None
+
+
+def _no_torch_accelerator_cache_to_empty() -> None:
+    """Patch point (engine-core process only): vLLM's shutdown calls torch.accelerator.empty_cache()
+    on every platform that is not its CPU platform, and torch raises when it has no accelerator.
+    Our arrays are JAX's, so there is no torch cache to empty: make the calls no-ops here."""
+    if torch.accelerator.is_available():
+        return
+    for name in ("empty_cache", "empty_host_cache"):
+        if hasattr(torch.accelerator, name):
+            setattr(torch.accelerator, name, lambda: None)
+
+
+class TpuWorker(WorkerBase):
+    def __init__(self, vllm_config, local_rank: int = 0, rank: int = 0, distributed_init_method: str = "",
+                 is_driver_worker: bool = True, **kwargs):
+        super().__init__(vllm_config=vllm_config, local_rank=local_rank, rank=rank,
+                         distributed_init_method=distributed_init_method, is_driver_worker=is_driver_worker)
+        self.engine: Engine | None = None
+        self.model_runner: TpuModelRunner | None = None
+
+    def init_device(self) -> None:
+        from tpu_plugins import runtime
+
+        runtime.current()
+        _no_torch_accelerator_cache_to_empty()
+
+    def load_model(self, *args, **kwargs) -> None:
+        c = self.vllm_config
+        self.engine = Engine(EngineConfig(
+            model=_model_folder(c.model_config.model),
+            dtype=TORCH_DTYPES[c.model_config.dtype],
+            max_model_len=c.model_config.max_model_len,
+            max_num_seqs=c.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=c.scheduler_config.max_num_batched_tokens,
+            page_size=c.cache_config.block_size,
+            memory_fraction=c.cache_config.gpu_memory_utilization,
+            tensor_parallel_size=c.additional_config.get(TP_KEY, 1),
+            prompt_logprobs=True,
+        ), defer_kv_cache=True)
+        self.model_runner = TpuModelRunner(self.engine)
+
+    def get_kv_cache_spec(self) -> dict:
+        engine = self.engine
+        spec = FullAttentionSpec(block_size=engine.config.page_size, num_kv_heads=engine.layout.num_kv_heads,
+                                 head_size=engine.model_config.head_dim, dtype=self.vllm_config.model_config.dtype)
+        return {f"model.layers.{i}.self_attn.attn": spec for i in range(engine.model_config.num_layers)}
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        return ["LBHNC"]
+
+    def determine_available_memory(self) -> int:
+        # vLLM divides this by the page size of every layer's spec (all heads, as laid out), so
+        # report the whole slice's KV budget: per-device budget x chips.
+        return self.engine.budget_pages() * self.engine.page_bytes_per_device() * self.engine.layout.tp
+
+    def initialize_from_config(self, kv_cache_config) -> None:
+        self.engine.allocate_kv_cache(kv_cache_config.num_blocks)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        start = time.perf_counter()
+        self.engine.warmup()
+        return CompilationTimes(language_model=time.perf_counter() - start, encoder=0.0)
+
+    def get_supported_tasks(self):
+        return ("generate",)
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        return self.model_runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output, *args, **kwargs):
+        return self.model_runner.sample_tokens(grammar_output)
+
+    def take_draft_token_ids(self):
+        return None
+
+    def reset_encoder_cache(self) -> None:
+        pass
+
+    def check_health(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.model_runner = None
+        self.engine = None
+
+    # Counters the tests and benchmarks read through collective_rpc.
+    def tpu_plugins_stats(self) -> dict:
+        c = self.engine.counters
+        return {"warmup_compiles": c.warmup_compiles, "recompiles": c.recompiles,
+                "num_pages": self.engine.kv_spec.num_pages}
