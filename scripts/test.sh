@@ -4,6 +4,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# No telemetry and no model-hub traffic from the frameworks: this machine talks to loopback only.
+export DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 bash scripts/setup.sh
 
 status=0

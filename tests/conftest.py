@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tpu_plugins import settings
+
 REPO = Path(__file__).resolve().parents[1]
 PROBES = Path(__file__).resolve().parent / "probes"
 
@@ -22,8 +24,13 @@ _CONTROLLED = ("TPU_PLUGINS_DEVICE", "TPU_PLUGINS_SIM_DEVICES", "JAX_PLATFORMS",
                "SGLANG_PLATFORM", "VLLM_PLUGINS", "SGLANG_PLUGINS", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 
 
+QUIET = settings.QUIET_FRAMEWORKS
+os.environ.update(QUIET)
+
+
 def clean_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CONTROLLED}
+    env.update(QUIET)
     env.update(overrides)
     return env
 

@@ -102,6 +102,15 @@ class Counters:
             return 0
         return compile_stats.snapshot()["programs_built"] - self.after_warmup["programs_built"]
 
+    reported: int = 0
+
+    def report_new_recompiles(self) -> None:
+        """Log once per new program built after warm-up, so servers' logs show it."""
+        count = self.recompiles
+        if count > self.reported:
+            self.reported = count
+            logger.warning("tpu-plugins: programs compiled after warm-up: %d in total", count)
+
 
 def token_buckets(max_tokens: int) -> list[int]:
     buckets, b = [], MIN_TOKEN_BUCKET
@@ -334,6 +343,7 @@ class Engine:
         arrays, _ = self.pad_batch(batch)
         program = self._program(len(arrays["token_ids"]), len(arrays["kv_lens"]))
         logits, self.kv_caches = program(self.params, self.kv_caches, arrays)
+        self.counters.report_new_recompiles()
         return logits
 
     def execute_with_token_logits(self, batch: RaggedBatch) -> tuple[jax.Array, np.ndarray]:
@@ -394,6 +404,7 @@ class Engine:
             col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask,
             with_penalties=penalties, with_top_logprobs=top, with_allowed_mask=allowed_mask is not None)
         tokens, lps, ranks, top_ids, top_lps = jax.device_get(out)
+        self.counters.report_new_recompiles()
         return sampling.SamplerOutput(tokens[:n], lps[:n], ranks[:n],
                                       None if top_ids is None else top_ids[:n],
                                       None if top_lps is None else top_lps[:n])

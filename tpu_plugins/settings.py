@@ -43,6 +43,11 @@ def load() -> Settings:
     )
 
 
+# For processes we start (tests, benchmarks, demos): no framework telemetry and no model-hub
+# lookups, since our machines reach loopback only.
+QUIET_FRAMEWORKS = {"DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+
+
 def jax_platforms() -> str:
     """The JAX_PLATFORMS the user set, if any (empty when unset)."""
     return os.environ.get("JAX_PLATFORMS", "").strip()

@@ -145,14 +145,16 @@ class TpuPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import SamplingParams
 
         from vllm_tpu.sampling import unsupported_options
 
         if isinstance(params, SamplingParams):
             problems = unsupported_options(params)
-            if problems:
-                raise ValueError("Not supported on TPU: " + "; ".join(problems) + ".")
+            if problems:   # a client error: vLLM answers HTTP 400 with this message
+                raise VLLMValidationError("Not supported on TPU: " + "; ".join(problems) + ".",
+                                          parameter=problems[0].split("=")[0])
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

@@ -1,0 +1,78 @@
+"""vLLM's offline LLM API and `vllm serve` start-up on the tpu-plugins platform: tensor parallelism
+on a simulated slice, prefix caching on and off, and configuration errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, clean_env
+from servers import BIN
+from transformers import AutoConfig, AutoModelForCausalLM
+
+GENERATE = """
+import json, os, sys
+from tpu_plugins import demo_model
+from vllm import LLM, SamplingParams
+if __name__ == "__main__":
+    llm = LLM(model=str(demo_model.prepare()), dtype="float32", max_model_len=256, max_num_seqs=4,
+              max_num_batched_tokens=64, **json.loads(sys.argv[1]))
+    prompts = ["The capital of France is", "Water boils at", "The largest planet is", "Hello, my name is"] * 2
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+"""
+
+
+def generate(sim_devices: int = 1, **llm_kwargs):
+    proc = subprocess.run([sys.executable, "-c", GENERATE, json.dumps(llm_kwargs)], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=clean_env(TPU_PLUGINS_DEVICE="tpu",
+                                                               TPU_PLUGINS_SIM_DEVICES=str(sim_devices)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # vLLM logs to stdout too: the result is the line we mark.
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+@pytest.fixture(scope="module")
+def tp1_tokens():
+    return generate()
+
+
+def test_tensor_parallel_2_on_a_simulated_slice_equals_tp1(tp1_tokens):
+    # SmolLM2's 9 query heads do not divide by 2: the core pads whole GQA groups (see sharding.py).
+    assert generate(sim_devices=2, tensor_parallel_size=2) == tp1_tokens
+
+
+def test_prefix_caching_off_gives_the_same_outputs(tp1_tokens):
+    # The prompts repeat, so the default run (prefix caching on) served the repeats from cache.
+    assert tp1_tokens[:4] == tp1_tokens[4:]
+    assert generate(enable_prefix_caching=False) == tp1_tokens
+
+
+def serve_error(*args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "vllm"), "serve", *args], capture_output=True, text=True, timeout=300,
+                          env=clean_env(**env), cwd=REPO)
+
+
+def test_unsupported_architecture_is_a_one_line_startup_error(tmp_path, demo_model_path):
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    proc = serve_error(str(tmp_path), "--device", "tpu", "--port", "0", "--tokenizer", str(demo_model_path))
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("vllm serve: error: Unsupported architecture ['GPT2LMHeadModel']")
+    assert "LlamaForCausalLM" in last and "Qwen3ForCausalLM" in last
+
+
+def test_tensor_parallel_larger_than_the_chips_is_a_one_line_startup_error(demo_model_path):
+    proc = serve_error(str(demo_model_path), "--device", "tpu", "--tensor-parallel-size", "4")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "vllm serve: error: --tensor-parallel-size 4 needs 4 chips, but 1 are visible. Lower it, or on a CPU host "
+        "simulate a slice with TPU_PLUGINS_SIM_DEVICES=4.")
+
+
+def test_other_device_values_are_refused(demo_model_path):
+    proc = serve_error(str(demo_model_path), "--device", "cuda", TPU_PLUGINS_DEVICE="tpu")
+    assert proc.returncode != 0
+    assert "--device 'cuda' is not available here" in proc.stderr and "VLLM_TARGET_DEVICE=cpu" in proc.stderr
