@@ -88,3 +88,20 @@ def hf_last_logits(model, ids: list[int]):
 
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def save_random_model(folder, model_type: str, **config):
+    """A random-weight transformers model of `model_type`, saved to `folder`, returned in fp32.
+    Weight matrices are scaled up from the init default so greedy paths are not trivial."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(model_type, **config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    model.save_pretrained(folder)
+    return model

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from conftest import save_random_model
 
 from tpu_plugins.engine import Engine, EngineConfig, token_buckets
 from tpu_plugins.offline import GenerationParams, OfflineGenerator
@@ -14,11 +13,9 @@ from tpu_plugins.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    config = AutoConfig.for_model("llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-llama")
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    save_random_model(folder, "llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     return folder
 
 
@@ -42,12 +39,24 @@ def test_warmup_is_bounded_and_serving_never_recompiles(tiny_model, tmp_path):
     assert engine.counters.recompiles == 0
 
 
+def test_every_sampling_feature_runs_on_the_warmed_up_programs(tiny_model, tmp_path):
+    engine = Engine(EngineConfig(model=tiny_model, dtype="float32", max_model_len=256, max_num_seqs=4,
+                                 max_num_batched_tokens=32, progress=False, compile_cache_dir=tmp_path / "cache"))
+    engine.warmup()
+    features = [SamplingParams(temperature=0, repetition_penalty=1.2), SamplingParams(temperature=0.7, top_k=5, seed=1),
+                SamplingParams(temperature=1.0, top_p=0.5, min_p=0.1, presence_penalty=0.3, logprobs=5),
+                SamplingParams(temperature=0, frequency_penalty=0.5, logprobs=0)]
+    OfflineGenerator(engine).generate([[1, 2, 3]] * 4, [GenerationParams(p, max_tokens=3, ignore_eos=True)
+                                                          for p in features])
+    assert engine.counters.recompiles == 0
+
+
 def test_a_new_program_after_warmup_is_counted(tiny_model, tmp_path):
     engine = Engine(EngineConfig(model=tiny_model, dtype="float32", max_model_len=256, max_num_seqs=4,
                                  max_num_batched_tokens=32, progress=False, compile_cache_dir=tmp_path / "cache"))
     engine.warmup()
-    params = GenerationParams(SamplingParams(temperature=0, repetition_penalty=1.2), max_tokens=3, ignore_eos=True)
-    OfflineGenerator(engine).generate([[1, 2, 3]], params)   # penalties need a sampler variant warm-up skips
+    # The all-token-logits step (prompt log-probabilities) is warmed up only when configured.
+    OfflineGenerator(engine).generate([[1, 2, 3]], GenerationParams(max_tokens=2, prompt_logprobs=1))
     assert engine.counters.recompiles >= 1
 
 

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy, hf_last_logits
-from transformers import AutoConfig, AutoModelForCausalLM
+from conftest import hf_greedy, hf_last_logits, save_random_model
 
 from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
@@ -26,16 +25,10 @@ CONFIGS = {
 
 def build(tmp_path_factory, name):
     spec = dict(COMMON, **CONFIGS[name])
-    config = AutoConfig.for_model(**spec)
-    if name == "mistral-sliding-window":
-        config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():   # larger weights than the init default, so greedy paths are not trivial
-        for p in model.parameters():
-            p.mul_(4.0) if p.dim() > 1 else None
     folder = tmp_path_factory.mktemp(name)
-    model.save_pretrained(folder)
+    model = save_random_model(folder, spec.pop("model_type"), **spec)
+    if name == "mistral-sliding-window":
+        model.config._attn_implementation = "eager"   # the reference applies the window in eager attention
     return folder, model
 
 

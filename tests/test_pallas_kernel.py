@@ -4,9 +4,8 @@ the two interpreter defects of JAX 0.10.2 that this needs worked around."""
 
 import numpy as np
 import pytest
-import torch
+from conftest import save_random_model
 from test_ragged_attention import make_case
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from tpu_plugins import jax_env  # noqa: F401
 import jax.numpy as jnp
@@ -35,14 +34,8 @@ def test_kernel_in_interpret_mode_matches_reference(case):
 
 
 def test_engine_generates_the_same_through_the_kernel(tmp_path):
-    config = AutoConfig.for_model("llama", vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0)
-    model.save_pretrained(tmp_path)
+    save_random_model(tmp_path, "llama", vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     prompts = [[5, 9, 2, 77, 31, 4, 100], [3, 3]]
     params = GenerationParams(max_tokens=4, ignore_eos=True)
     tokens = {}

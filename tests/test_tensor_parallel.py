@@ -42,21 +42,16 @@ def test_greedy_tokens_identical_at_tp_1_2_4():
 
 
 REPLICATED_KV_RUN = """
-import json, tempfile, numpy as np, torch
-from transformers import AutoConfig, AutoModelForCausalLM
+import json, sys, tempfile, numpy as np
+sys.path.insert(0, "tests")
+from conftest import save_random_model
 from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.offline import GenerationParams, OfflineGenerator
 # Qwen2 (q/k/v biases), 6 query heads over 2 KV heads: at TP=4 each KV head is stored twice and
 # each group's 3 query heads are padded to 4, 2 per chip.
-config = AutoConfig.for_model("qwen2", vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-with torch.no_grad():
-    for p in model.parameters():
-        p.mul_(4.0)
 folder = tempfile.mkdtemp()
-model.save_pretrained(folder)
+save_random_model(folder, "qwen2", vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
 prompts = [np.random.default_rng(i).integers(0, 256, size=n).tolist() for i, n in enumerate((9, 17))]
 result = {}
 for tp in (1, 4):

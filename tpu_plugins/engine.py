@@ -380,34 +380,30 @@ class Engine:
             arr[:n] = values
             return arr
 
-        penalties = any(p.uses_penalties for p in params)
-        top = any((p.logprobs or 0) > 0 for p in params)
-        prompt_ids = output_ids = np.full((rows, 1), -1, i32)
-        if penalties:
-            histories = histories or [([], [])] * n
-            lp = _pow2(max(len(h[0]) for h in histories))
-            lo = _pow2(max(len(h[1]) for h in histories))
-            prompt_ids, output_ids = np.full((rows, lp), -1, i32), np.full((rows, lo), -1, i32)
-            for i, (p_ids, o_ids) in enumerate(histories):
-                prompt_ids[i, : len(p_ids)] = p_ids
-                output_ids[i, : len(o_ids)] = o_ids
-        mask = np.ones((rows, 1), bool)
+        # Fixed shapes per row count (histories up to max_model_len, a full-vocabulary mask), so
+        # the sampler is one program per bucket whatever the requests ask for.
+        vocab = logits.shape[1]
+        prompt_ids = np.full((rows, self.max_model_len), -1, i32)
+        output_ids = np.full((rows, self.max_model_len), -1, i32)
+        if any(p.uses_penalties for p in params):
+            for i, (p_ids, o_ids) in enumerate(histories or []):
+                prompt_ids[i, : len(p_ids)] = p_ids[: self.max_model_len]
+                output_ids[i, : len(o_ids)] = o_ids[: self.max_model_len]
+        mask = np.ones((rows, vocab), bool)
         if allowed_mask is not None:
-            mask = np.ones((rows, logits.shape[1]), bool)
             mask[:n, : allowed_mask.shape[1]] = allowed_mask
             mask[:n, allowed_mask.shape[1]:] = False
+        top = any((p.logprobs or 0) > 0 for p in params)
         out = sampling.sample(
             logits, col([p.temperature for p in params], f32, 0), col([p.top_k for p in params], i32, 0),
             col([p.top_p for p in params], f32, 1), col([p.min_p for p in params], f32, 0),
             col([s % 2**32 for s in seeds], np.uint32, 0), col(steps, i32, 0),
             col([p.repetition_penalty for p in params], f32, 1), col([p.presence_penalty for p in params], f32, 0),
-            col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask,
-            with_penalties=penalties, with_top_logprobs=top, with_allowed_mask=allowed_mask is not None)
+            col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask, np.bool_(top))
         tokens, lps, ranks, top_ids, top_lps = jax.device_get(out)
         self.counters.report_new_recompiles()
-        return sampling.SamplerOutput(tokens[:n], lps[:n], ranks[:n],
-                                      None if top_ids is None else top_ids[:n],
-                                      None if top_lps is None else top_lps[:n])
+        return sampling.SamplerOutput(tokens[:n], lps[:n], ranks[:n], top_ids[:n] if top else None,
+                                      top_lps[:n] if top else None)
 
     # -- warm-up ---------------------------------------------------------------------------
     def warmup(self) -> None:
@@ -428,7 +424,3 @@ class Engine:
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _copy_pages(kv_caches, src, dst):
     return [cache.at[dst].set(cache[src], mode="drop") for cache in kv_caches]
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
 
-import functools
 from dataclasses import dataclass
 
 import jax
@@ -102,22 +101,28 @@ def apply_penalties(logits, prompt_ids, output_ids, repetition, presence, freque
     return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
 
 
-@functools.partial(jax.jit, static_argnames=("with_penalties", "with_top_logprobs", "with_allowed_mask"))
+@jax.jit
 def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, presence, frequency,
-           prompt_ids, output_ids, allowed_mask, *, with_penalties: bool, with_top_logprobs: bool,
-           with_allowed_mask: bool):
-    """logits f32 [S, V] -> (tokens, sampled logprob, rank, top ids, top logprobs)."""
+           prompt_ids, output_ids, allowed_mask, want_top):
+    """logits f32 [S, V] -> (tokens, sampled logprob, rank, top ids, top logprobs).
+
+    One program per row count: every optional stage (penalties, the token mask, sampling,
+    top-n log-probabilities) sits behind a runtime `lax.cond`, so a request that switches one
+    on never compiles anything new, and a batch that needs none of them skips their cost.
+    `prompt_ids`/`output_ids` are -1-padded histories, `allowed_mask` [S, V] bool, `want_top` bool.
+    """
+    vocab = logits.shape[-1]
     raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
-    x = logits
-    if with_penalties:
-        x = apply_penalties(x, prompt_ids, output_ids, repetition, presence, frequency)
-    if with_allowed_mask:
-        x = jnp.where(allowed_mask, x, -jnp.inf)
+    penalised = (repetition != 1) | (presence != 0) | (frequency != 0)
+    x = jax.lax.cond(jnp.any(penalised),
+                     lambda x: apply_penalties(x, prompt_ids, output_ids, repetition, presence, frequency),
+                     lambda x: x, logits)
+    x = jax.lax.cond(jnp.all(allowed_mask), lambda x: x, lambda x: jnp.where(allowed_mask, x, -jnp.inf), x)
     greedy_tokens = jnp.argmax(x, axis=-1)
 
     def gumbel(seed, step):
         key = jax.random.fold_in(jax.random.key(seed), step)
-        return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
+        return jax.random.gumbel(key, (vocab,), jnp.float32)
 
     def draw(x):
         scaled = filter_logits(x / jnp.maximum(temperature, 1e-6)[:, None], top_k, top_p, min_p)
@@ -128,10 +133,10 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, p
     tokens = jnp.where(temperature == 0, greedy_tokens, sampled).astype(jnp.int32)
     token_lp = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
     ranks = (raw_logprobs > token_lp[:, None]).sum(axis=-1).astype(jnp.int32) + 1
-    if with_top_logprobs:
-        top_lp, top_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, logits.shape[-1]))
-    else:
-        top_lp = top_ids = None
+    n = min(MAX_LOGPROBS, vocab)
+    top_lp, top_ids = jax.lax.cond(
+        want_top, lambda lp: tuple(jax.lax.top_k(lp, n)),
+        lambda lp: (jnp.zeros((lp.shape[0], n), lp.dtype), jnp.zeros((lp.shape[0], n), jnp.int32)), raw_logprobs)
     return tokens, token_lp, ranks, top_ids, top_lp
 
 
