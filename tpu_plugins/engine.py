@@ -1,9 +1,15 @@
 """The inference engine: one compiled step over a ragged batch, driven by any scheduler.
 
     engine = Engine(EngineConfig(model="/path/to/hf-folder", dtype="float32"))
-    engine.warmup()                                  # compiles every bucket (progress bar)
-    logits = engine.execute(batch)                   # RaggedBatch -> device logits [num_seqs, vocab]
-    out = engine.sample(logits, params, histories)   # SamplingParams per row -> SamplerOutput
+    engine.warmup()                        # compiles every bucket (progress bar)
+    logits = engine.execute(batch)         # RaggedBatch -> device logits, one row per sequence
+    out = engine.sample(logits, params, steps, seeds, histories, allowed_mask)   # -> SamplerOutput
+
+A scheduler that sizes the cache itself (vLLM) builds the engine with `defer_kv_cache=True`,
+reads `budget_pages()` / `page_bytes_per_device()`, then calls `allocate_kv_cache(n)`.
+`batching.ragged_batch` turns (tokens, start position, page list) per sequence into a batch;
+`execute_with_token_logits` also returns every token's logits (prompt log-probabilities);
+`copy_pages` copies whole pages (copy-on-write of prefix-cache hits).
 
 A `RaggedBatch` is any mix of prefill chunks and single-token decodes, as flat tokens plus,
 per sequence, its query length, its KV length after this step, and its page table; `slot_mapping`

@@ -17,7 +17,7 @@ def unsupported_options(params) -> list[str]:
         problems.append("logit_bias")
     if params.bad_words:
         problems.append("bad_words")
-    if params.logits_processors if hasattr(params, "logits_processors") else False:
+    if getattr(params, "logits_processors", None):
         problems.append("custom logits processors")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
