@@ -23,7 +23,7 @@ def draw(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seeds=None, ste
     out = sampling.sample(
         jnp.asarray(logits), f(temperature), f(top_k, np.int32), f(top_p), f(min_p), seeds, steps,
         f(1.0), f(0.0), f(0.0), np.full((rows, 1), -1, np.int32), np.full((rows, 1), -1, np.int32),
-        np.ones((rows, V), bool) if mask is None else mask, np.bool_(top))
+        np.ones((rows, V), bool) if mask is None else mask, np.bool_(False), np.bool_(mask is not None), np.bool_(top))
     return [None if x is None else np.asarray(x) for x in out]
 
 

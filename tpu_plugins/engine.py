@@ -173,6 +173,7 @@ class Engine:
         compile_stats.install()
         self.counters = Counters(at_start=compile_stats.snapshot())
         self._programs: dict = {}
+        self._placeholders: dict = {}
 
         if abstract:
             self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh)
@@ -387,16 +388,21 @@ class Engine:
             return arr
 
         # Fixed shapes per row count (histories up to max_model_len, a full-vocabulary mask), so
-        # the sampler is one program per bucket whatever the requests ask for.
+        # the sampler is one program per bucket whatever the requests ask for. Batches that need
+        # neither reuse placeholders kept on the device, so nothing large crosses per step.
         vocab = logits.shape[1]
-        prompt_ids = np.full((rows, self.max_model_len), -1, i32)
-        output_ids = np.full((rows, self.max_model_len), -1, i32)
-        if any(p.uses_penalties for p in params):
+        no_history, all_allowed = self._sampler_placeholders(rows, vocab)
+        penalties = any(p.uses_penalties for p in params)
+        prompt_ids = output_ids = no_history
+        if penalties:
+            prompt_ids = np.full((rows, self.max_model_len), -1, i32)
+            output_ids = np.full((rows, self.max_model_len), -1, i32)
             for i, (p_ids, o_ids) in enumerate(histories or []):
                 prompt_ids[i, : len(p_ids)] = p_ids[: self.max_model_len]
                 output_ids[i, : len(o_ids)] = o_ids[: self.max_model_len]
-        mask = np.ones((rows, vocab), bool)
+        mask = all_allowed
         if allowed_mask is not None:
+            mask = np.ones((rows, vocab), bool)
             mask[:n, : allowed_mask.shape[1]] = allowed_mask
             mask[:n, allowed_mask.shape[1]:] = False
         top = any((p.logprobs or 0) > 0 for p in params)
@@ -405,11 +411,18 @@ class Engine:
             col([p.top_p for p in params], f32, 1), col([p.min_p for p in params], f32, 0),
             col([s % 2**32 for s in seeds], np.uint32, 0), col(steps, i32, 0),
             col([p.repetition_penalty for p in params], f32, 1), col([p.presence_penalty for p in params], f32, 0),
-            col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask, np.bool_(top))
+            col([p.frequency_penalty for p in params], f32, 0), prompt_ids, output_ids, mask,
+            np.bool_(penalties), np.bool_(allowed_mask is not None), np.bool_(top))
         tokens, lps, ranks, top_ids, top_lps = jax.device_get(out)
         self.counters.report_new_recompiles()
         return sampling.SamplerOutput(tokens[:n], lps[:n], ranks[:n], top_ids[:n] if top else None,
                                       top_lps[:n] if top else None)
+
+    def _sampler_placeholders(self, rows: int, vocab: int):
+        if rows not in self._placeholders:
+            self._placeholders[rows] = (jax.device_put(np.full((rows, self.max_model_len), -1, np.int32)),
+                                        jax.device_put(np.ones((rows, vocab), bool)))
+        return self._placeholders[rows]
 
     # -- warm-up ---------------------------------------------------------------------------
     def warmup(self) -> None:

@@ -103,21 +103,21 @@ def apply_penalties(logits, prompt_ids, output_ids, repetition, presence, freque
 
 @jax.jit
 def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, repetition, presence, frequency,
-           prompt_ids, output_ids, allowed_mask, want_top):
+           prompt_ids, output_ids, allowed_mask, use_penalties, use_mask, want_top):
     """logits f32 [S, V] -> (tokens, sampled logprob, rank, top ids, top logprobs).
 
     One program per row count: every optional stage (penalties, the token mask, sampling,
     top-n log-probabilities) sits behind a runtime `lax.cond`, so a request that switches one
     on never compiles anything new, and a batch that needs none of them skips their cost.
-    `prompt_ids`/`output_ids` are -1-padded histories, `allowed_mask` [S, V] bool, `want_top` bool.
+    `prompt_ids`/`output_ids` are -1-padded histories, `allowed_mask` [S, V] bool; the three
+    flags (bool scalars) say which stages this batch needs.
     """
     vocab = logits.shape[-1]
     raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
-    penalised = (repetition != 1) | (presence != 0) | (frequency != 0)
-    x = jax.lax.cond(jnp.any(penalised),
+    x = jax.lax.cond(use_penalties,
                      lambda x: apply_penalties(x, prompt_ids, output_ids, repetition, presence, frequency),
                      lambda x: x, logits)
-    x = jax.lax.cond(jnp.all(allowed_mask), lambda x: x, lambda x: jnp.where(allowed_mask, x, -jnp.inf), x)
+    x = jax.lax.cond(use_mask, lambda x: jnp.where(allowed_mask, x, -jnp.inf), lambda x: x, x)
     greedy_tokens = jnp.argmax(x, axis=-1)
 
     def gumbel(seed, step):
