@@ -18,7 +18,7 @@ from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine
 from tpu_plugins.errors import UserError
 from tpu_plugins.kv_cache import PageAllocator
-from tpu_plugins.sampling import SamplingParams, prompt_logprobs
+from tpu_plugins.sampling import SamplingParams, chunk_prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,9 @@ class OfflineGenerator:
             if want:
                 if req.prompt_logprobs is None or req.computed == 0:
                     req.prompt_logprobs, req.prompt_top_logprobs = [None], [None]
-                # Row p predicts the token at p + 1; only rows whose next token is in the prompt count.
-                last = min(req.computed + chunk, len(req.prompt) - 1)
-                rows = np.arange(req.computed, last)
-                if len(rows):
-                    n = req.params.prompt_logprobs
-                    got = prompt_logprobs(token_logits[row + rows - req.computed], np.asarray(req.prompt)[rows + 1], n)
+                got = chunk_prompt_logprobs(token_logits[row:row + chunk], req.prompt, req.computed,
+                                            req.params.prompt_logprobs)
+                if got is not None:
                     req.prompt_logprobs += got.logprobs.tolist()
                     req.prompt_top_logprobs += [dict(zip(i.tolist(), v.tolist())) for i, v in zip(got.top_ids, got.top_logprobs)]
             row += chunk

@@ -159,6 +159,16 @@ def prompt_logprobs(logits: np.ndarray, next_ids: np.ndarray, n: int) -> PromptL
                           top.astype(np.int32), np.take_along_axis(lp, top, axis=-1).astype(np.float32))
 
 
+def chunk_prompt_logprobs(chunk_logits: np.ndarray, prompt: list[int], start: int, n: int) -> PromptLogprobs | None:
+    """For a step that ran prompt positions [start, start + len(chunk_logits)) with these logits
+    rows: the log-probabilities of the prompt tokens they predict (row p predicts token p + 1).
+    None when the chunk predicts no prompt token (it starts at the prompt's last token)."""
+    positions = np.arange(start, min(start + len(chunk_logits), len(prompt) - 1))
+    if not len(positions):
+        return None
+    return prompt_logprobs(chunk_logits[positions - start], np.asarray(prompt)[positions + 1], n)
+
+
 def unpack_token_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
     """xgrammar's packed int32 bitmask [rows, ceil(V/32)] -> bool [rows, vocab_size]: token t is
     allowed iff bit (t & 31) of word (t >> 5) is set. Tokens beyond the mask's width are not allowed."""

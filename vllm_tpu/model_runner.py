@@ -18,7 +18,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTe
 
 from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine
-from tpu_plugins.sampling import prompt_logprobs, unpack_token_bitmask
+from tpu_plugins.sampling import chunk_prompt_logprobs, unpack_token_bitmask
 from vllm_tpu.sampling import to_core
 
 
@@ -102,17 +102,16 @@ class TpuModelRunner:
     def _collect_prompt_logprobs(self, req_ids, chunks, wanted, token_logits) -> None:
         row = 0
         for req_id, chunk, want in zip(req_ids, chunks, wanted):
+            n = len(chunk.token_ids)
             if want:
                 req = self.requests[req_id]
                 if chunk.start == 0:
                     req.prompt_lp = []
-                # Row p predicts the prompt token at p + 1.
-                positions = np.arange(chunk.start, min(chunk.start + len(chunk.token_ids), len(req.prompt) - 1))
-                if len(positions):
-                    rows = token_logits[row + positions - chunk.start]
-                    req.prompt_lp.append(prompt_logprobs(rows, np.asarray(req.prompt)[positions + 1],
-                                                         req.params.prompt_logprobs))
-            row += len(chunk.token_ids)
+                got = chunk_prompt_logprobs(token_logits[row:row + n], req.prompt, chunk.start,
+                                            req.params.prompt_logprobs)
+                if got is not None:
+                    req.prompt_lp.append(got)
+            row += n
 
     def sample_tokens(self, grammar_output) -> ModelRunnerOutput:
         step, self._step = self._step, None
