@@ -1,4 +1,4 @@
-"""The `tpu-plugins` command: info | demo-model."""
+"""The `tpu-plugins` command: info | demo-model | aot."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_aot(args: argparse.Namespace) -> int:
+    from tpu_plugins import aot
+
+    request = aot.AotRequest(model=args.model, topology=args.topology, tensor_parallel_size=args.tp,
+                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                             max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
+                             dtype=args.dtype, memory_fraction=args.memory_fraction)
+    report = aot.analyze(request)
+    print(aot.to_json(report) if args.json else aot.render(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu-plugins", description="TPU support for vLLM, SGLang and Hugging Face.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,6 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo-model", help="prepare the embedded SmolLM2-135M-Instruct folder and print its path")
     p.add_argument("--force", action="store_true", help="rebuild even if the cached folder is intact")
     p.set_defaults(func=_cmd_demo_model)
+    p = sub.add_parser("aot", help="compile a model's engine for a TPU slice on this machine: fit, HBM, decode speed",
+                       description="Ahead-of-time compile the engine's decode and prefill steps for a TPU topology "
+                                   "with abstract weights (a config.json is enough) and report HBM use and the "
+                                   "estimated decode step against the roofline.")
+    p.add_argument("--model", required=True, help="model folder, config.json, or a shipped config: "
+                   "Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B, Qwen3-32B, Mistral-7B")
+    p.add_argument("--topology", required=True, help="libtpu's slice name, e.g. v5e:2x2, v5p:2x2x1, v6e:2x2, tpu7x:2x2x1")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every device of the slice)")
+    p.add_argument("--max-model-len", type=int, required=True)
+    p.add_argument("--max-num-seqs", type=int, required=True)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="prefill chunk (default 512)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32; int8 is not supported yet")
+    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of HBM the engine may use (default 0.9)")
+    p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    p.set_defaults(func=_cmd_aot)
     return parser
 
 

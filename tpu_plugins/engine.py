@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from tpu_plugins import compile_stats, kv_cache, runtime, sampling, settings
+from tpu_plugins import chips, compile_stats, kv_cache, runtime, sampling, settings
 from tpu_plugins.errors import UserError
 from tpu_plugins.loader import abstract_params, load_params
 from tpu_plugins.mesh import MeshShape, make_mesh
@@ -156,7 +156,11 @@ class Engine:
         tp = config.tensor_parallel_size
         self.mesh = mesh if mesh is not None else make_mesh(MeshShape(model=tp))
         self.layout = head_layout(cfg, tp)
-        on_tpu = self.mesh.devices.flat[0].platform == "tpu"
+        self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
+        # The chip the programs are built for: a real TPU, or abstract TPU devices (AOT).
+        device = self.mesh.devices.flat[0]
+        self.target_chip = chips.chip_for_device_kind(device.device_kind) if device.platform == "tpu" else None
+        on_tpu = device.platform == "tpu"
         impl = config.attention
         if impl == "auto":
             impl = "pallas" if on_tpu else "reference"
@@ -165,10 +169,9 @@ class Engine:
         self.attention = AttentionSpec(
             sm_scale=cfg.sm_scale, sliding_window=cfg.sliding_window, soft_cap=cfg.attn_logit_softcap,
             implementation=impl,
-            # Off a real TPU (AOT, interpret mode) JAX's tuning table cannot read the chip: fixed blocks.
-            block_sizes=None if on_tpu else BlockSizes())
+            # JAX's tuned blocks for the target chip, per bucket; fixed ones in interpret mode on a CPU.
+            block_sizes=None if on_tpu else BlockSizes(), device_kind=device.device_kind if on_tpu else None)
         self.inv_freq = jnp.asarray(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
         self.buckets = token_buckets(config.max_num_batched_tokens)
         compile_stats.install()
         self.counters = Counters(at_start=compile_stats.snapshot())
@@ -228,6 +231,8 @@ class Engine:
         return self.config.max_num_seqs * self.pages_per_seq + 1
 
     def memory_per_device(self) -> int:
+        if self.target_chip is not None:     # a TPU, real or abstract (AOT): its HBM per device
+            return self.target_chip.hbm_bytes_per_device
         memory = self.runtime.hbm_bytes_per_device or 0
         if self.runtime.kind == "cpu":
             memory = min(memory, 8 * 2**30)   # a sane host-memory budget for the stand-in

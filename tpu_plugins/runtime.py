@@ -65,6 +65,10 @@ def prepare_jax() -> None:
     if not settings.jax_platforms() and not tpu_attached():
         gpu = any(importlib.util.find_spec(name) for name in _JAX_GPU_PLUGINS)
         settings.set_jax_platforms("cuda,cpu" if gpu else "cpu")
+    if not tpu_attached():
+        # libtpu's one-process lock guards chips; with none attached it only serves compile-only
+        # topologies (AOT), which any number of processes may use at once.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if conf.simulated_devices:
         flags = settings.xla_flags()
         existing = _current_sim_flag(flags)

@@ -175,18 +175,36 @@ def write_kv(kv_pages, k, v, slot_mapping):
     return flat.at[slots].set(kv, mode="drop").reshape(kv_pages.shape)
 
 
+def tuned_block_sizes(device_kind: str, q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                      page_size: int, max_num_batched_tokens: int, pages_per_seq: int) -> "BlockSizes":
+    """JAX's tuned (kv pages, queries) per block for a chip named by its device kind.
+
+    JAX's own lookup reads `jax.devices()[0]`, which on a CPU host compiling ahead of time for
+    a TPU topology is the CPU; here the chip comes from the caller (the mesh's devices), so AOT
+    compiles the blocks the real chip would run. Defaults as JAX's: (128, 32), v4 (32, 32).
+    """
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as table
+
+    key = table.simplify_key((q_dtype, kv_dtype, num_q_heads, num_kv_heads, head_dim, page_size,
+                              max_num_batched_tokens, pages_per_seq))
+    name = " ".join(device_kind.split()[:2])
+    kv_block, q_block = (32, 32) if name == "TPU v4" else table.TUNED_BLOCK_SIZES.get(name, {}).get(key, (128, 32))
+    return BlockSizes(min(pages_per_seq, kv_block), min(max_num_batched_tokens, q_block))
+
+
 def pallas_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                                   sm_scale: float = 1.0, sliding_window: int | None = None,
-                                  soft_cap: float | None = None, block_sizes: "BlockSizes | None" = None):
-    """JAX's Pallas TPU kernel. Block sizes come from the caller (AOT on a CPU host, where the
-    kernel's own tuning table cannot read the chip) or from JAX's tuned table on a real TPU."""
+                                  soft_cap: float | None = None, block_sizes: "BlockSizes | None" = None,
+                                  device_kind: str | None = None):
+    """JAX's Pallas TPU kernel. Block sizes: the caller's, else JAX's tuned ones for `device_kind`
+    (the target chip, which AOT compiling on a CPU host cannot read from jax.devices())."""
     from jax.experimental.pallas.ops.tpu import ragged_paged_attention as rpa
 
     if block_sizes is None:
-        pages_per_block, queries_per_block = rpa.get_tuned_block_sizes(
-            q.dtype, kv_pages.dtype, q.shape[1], kv_pages.shape[2] // 2, q.shape[2],
-            kv_pages.shape[1], q.shape[0], page_indices.shape[1])
-        block_sizes = BlockSizes(pages_per_block, queries_per_block)
+        if device_kind is None:
+            raise ValueError("pallas_ragged_paged_attention needs block_sizes or the target's device_kind.")
+        block_sizes = tuned_block_sizes(device_kind, q.dtype, kv_pages.dtype, q.shape[1], kv_pages.shape[2] // 2,
+                                        q.shape[2], kv_pages.shape[1], q.shape[0], page_indices.shape[1])
     return rpa.ragged_paged_attention(
         q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
