@@ -56,3 +56,26 @@ def recompiles_in_log(log: Path) -> int:
     """The engine logs 'programs compiled after warm-up: N in total' whenever N grows."""
     counts = [int(m) for m in re.findall(r"programs compiled after warm-up: (\d+) in total", log.read_text(errors="replace"))]
     return max(counts, default=0)
+
+
+def load_args(doc: str):
+    """The options every serving benchmark takes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompts-per-concurrency", type=int, default=2, help="prompts = this x concurrency (min 8)")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    return parser.parse_args()
+
+
+def num_prompts(args, concurrency: int) -> int:
+    return max(8, args.prompts_per_concurrency * concurrency)
+
+
+def print_row(concurrency: int, r: dict) -> None:
+    """One line per concurrency from a load generator's result (vLLM's and SGLang's share these keys)."""
+    print(f"concurrency {concurrency:>3}: {r['output_throughput']:7.1f} out tok/s  TTFT median "
+          f"{r['median_ttft_ms']:8.1f} ms p99 {r['p99_ttft_ms']:8.1f} ms  TPOT median {r['median_tpot_ms']:7.1f} ms "
+          f"p99 {r['p99_tpot_ms']:7.1f} ms  ({r['completed']} requests)", flush=True)

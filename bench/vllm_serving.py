@@ -8,7 +8,6 @@ Last line: vllm_out_tok_s=<x at concurrency 32> recompiles=<m>
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,12 +23,7 @@ from tpu_plugins import demo_model  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--prompts-per-concurrency", type=int, default=2, help="prompts = this x concurrency (min 8)")
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
-    args = parser.parse_args()
+    args = serving.load_args(__doc__)
 
     model = str(demo_model.prepare())
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
@@ -49,7 +43,7 @@ def main() -> None:
                             f"http://127.0.0.1:{port}", "--model", "smollm2", "--tokenizer", model,
                             "--dataset-name", "random", "--random-input-len", str(args.input_len),
                             "--random-output-len", str(args.output_len), "--ignore-eos",
-                            "--num-prompts", str(max(8, args.prompts_per_concurrency * concurrency)),
+                            "--num-prompts", str(serving.num_prompts(args, concurrency)),
                             "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot",
                             "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(work),
                             "--result-filename", name, "--disable-tqdm"],
@@ -57,9 +51,7 @@ def main() -> None:
             r = json.loads((work / name).read_text())
             rows.append((concurrency, r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"],
                          r["median_tpot_ms"], r["p99_tpot_ms"], r["completed"]))
-            print(f"concurrency {concurrency:>3}: {r['output_throughput']:7.1f} out tok/s  TTFT median "
-                  f"{r['median_ttft_ms']:8.1f} ms p99 {r['p99_ttft_ms']:8.1f} ms  TPOT median {r['median_tpot_ms']:7.1f} ms "
-                  f"p99 {r['p99_tpot_ms']:7.1f} ms  ({r['completed']} requests)", flush=True)
+            serving.print_row(concurrency, r)
     finally:
         serving.stop(server)
     recompiles = serving.recompiles_in_log(log)

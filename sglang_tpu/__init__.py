@@ -34,6 +34,9 @@ def platform_plugin() -> str | None:
             # The platform and model worker land with the SGLang adapter; until then stay out.
             logger.warning("tpu-plugins: a TPU was requested, but this build has no SGLang platform yet.")
             return None
+        from sglang_tpu import torchvision_compat
+
+        torchvision_compat.install()   # before SGLang imports its model configs
         return PLATFORM_QUALNAME
     except Exception:  # a raising plugin would break every SGLang start
         logger.debug("tpu-plugins SGLang platform detection failed", exc_info=True)

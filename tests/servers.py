@@ -68,3 +68,10 @@ def vllm_serve(model: Path, log: Path, *args: str, env: dict | None = None) -> S
     argv = [str(BIN / "vllm"), "serve", str(model), "--device", "tpu", "--host", "127.0.0.1", "--port", str(port),
             *args]
     return Server(argv, port, log, env)
+
+
+def sglang_serve(model: Path, log: Path, *args: str, env: dict | None = None) -> Server:
+    port = free_port()
+    argv = [str(BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "tpu",
+            "--host", "127.0.0.1", "--port", str(port), *args]
+    return Server(argv, port, log, env)

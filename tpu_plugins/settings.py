@@ -63,3 +63,16 @@ def xla_flags() -> str:
 
 def set_xla_flags(value: str) -> None:
     os.environ["XLA_FLAGS"] = value
+
+
+# SGLang's --tp-size, moved onto the core's mesh: SGLang itself runs one worker process, which
+# reads the size from here (the platform sets it in SGLang's launcher; its children inherit it).
+SGLANG_MESH_TP = "TPU_PLUGINS_SGLANG_TP_SIZE"
+
+
+def sglang_mesh_tp() -> int:
+    return _int_env(SGLANG_MESH_TP, 1) or 1
+
+
+def set_sglang_mesh_tp(value: int) -> None:
+    os.environ[SGLANG_MESH_TP] = str(value)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-REF_PAGES_PER_BLOCK = 8
+REF_KV_TOKENS_PER_BLOCK = 128   # cached tokens per step of the reference's context walk
 REF_TOKENS_PER_BLOCK = 16
 
 
@@ -73,7 +73,7 @@ def _online_merge(state, scores, values, allowed):
                                              "tokens_per_block"))
 def ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                                sm_scale: float = 1.0, sliding_window: int | None = None,
-                               soft_cap: float | None = None, pages_per_block: int = REF_PAGES_PER_BLOCK,
+                               soft_cap: float | None = None, pages_per_block: int | None = None,
                                tokens_per_block: int = REF_TOKENS_PER_BLOCK):
     """Jittable reference in two parts, merged by an online softmax:
 
@@ -90,6 +90,8 @@ def ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, nu
     num_kv_heads = combined // 2
     q_per_kv = num_q_heads // num_kv_heads
     max_num_seqs, pages_per_seq = page_indices.shape
+    if pages_per_block is None:   # the same tokens per step whatever the page size (SGLang's is 1)
+        pages_per_block = max(1, REF_KV_TOKENS_PER_BLOCK // page_size)
     block = min(pages_per_block, pages_per_seq)
     if pages_per_seq % block:
         page_indices = jnp.pad(page_indices, ((0, 0), (0, block - pages_per_seq % block)))
