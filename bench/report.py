@@ -74,6 +74,10 @@ def plot(cpu: dict, aot: list[dict], path: Path) -> None:
     if engine and vllm:
         labels.append("vLLM serving c32 /\nengine offline")
         values.append(vllm["vllm_out_tok_s"] / engine["engine_tok_s"])
+    sglang = cpu.get("sglang_serving.py")
+    if engine and sglang:
+        labels.append("SGLang serving c32 /\nengine offline")
+        values.append(sglang["sglang_out_tok_s"] / engine["engine_tok_s"])
     left.bar(labels, values, color=["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"][: len(values)])
     left.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     for i, v in enumerate(values):
@@ -174,6 +178,8 @@ def _cpu_count() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-cpu", action="store_true", help="only the AOT estimates (about 15 minutes)")
+    parser.add_argument("--reuse-aot", action="store_true",
+                        help="keep bench/logs/aot_configs.json from an earlier run instead of recompiling")
     args = parser.parse_args()
     LOGS.mkdir(exist_ok=True)
 
@@ -185,7 +191,8 @@ def main() -> None:
                 cpu[script] = last_line_values(text)
                 serving[script] = serving_rows(text)
     aot_json = LOGS / "aot_configs.json"
-    run("aot_configs.py", "--json", str(aot_json))
+    if not (args.reuse_aot and aot_json.exists()):
+        run("aot_configs.py", "--json", str(aot_json))
     aot = json.loads(aot_json.read_text())
     plot(cpu, aot, HERE / "results.png")
     write_markdown(cpu, serving, aot, HERE / "RESULTS.md")
