@@ -168,10 +168,7 @@ def analyze(request: AotRequest) -> dict:
     xla_raw_s = max(xla_bytes / bandwidth, float(cost.get("flops", 0.0)) / peak) + kernel_bytes / bandwidth
     per_chip = tpu.devices_per_chip
     return {
-        "model": str(model_path), "architecture": cfg.architecture, "topology": tpu.name,
-        "chip": tpu.chip.generation, "chips": tp // per_chip, "tensor_parallel_size": tp, "dtype": request.dtype,
-        "max_model_len": request.max_model_len, "max_num_seqs": seqs,
-        "max_num_batched_tokens": request.max_num_batched_tokens, "page_size": request.page_size,
+        **_header(request, tpu, engine, tp),
         "programs": {name: {"tokens": shape[0], "seqs": shape[1]} for name, shape in
                      (("decode", decode_shape), ("prefill", prefill_shape)) if name in programs},
         "compile_s": round(compile_s, 1),
@@ -230,15 +227,21 @@ def _compile(engine: Engine, pages: int, decode_shape, prefill_shape) -> dict:
     return programs
 
 
+def _header(request: AotRequest, tpu, engine: Engine, tp: int) -> dict:
+    """What was analysed: the leading keys of every report."""
+    return {"model": str(engine.config.model), "architecture": engine.model_config.architecture,
+            "topology": tpu.name, "chip": tpu.chip.generation, "chips": tp // tpu.devices_per_chip,
+            "tensor_parallel_size": tp, "dtype": request.dtype, "max_model_len": request.max_model_len,
+            "max_num_seqs": request.max_num_seqs, "max_num_batched_tokens": request.max_num_batched_tokens,
+            "page_size": request.page_size}
+
+
 def _refused(request: AotRequest, tpu, engine: Engine, tp: int, weights: int, refusal: str, compile_s: float) -> dict:
     """Not even the weights and a minimal cache fit: what we know without a compiled program."""
     per_chip = tpu.devices_per_chip
     none = None
     return {
-        "model": str(engine.config.model), "architecture": engine.model_config.architecture, "topology": tpu.name,
-        "chip": tpu.chip.generation, "chips": tp // per_chip, "tensor_parallel_size": tp, "dtype": request.dtype,
-        "max_model_len": request.max_model_len, "max_num_seqs": request.max_num_seqs,
-        "max_num_batched_tokens": request.max_num_batched_tokens, "page_size": request.page_size,
+        **_header(request, tpu, engine, tp),
         "programs": {}, "compile_s": round(compile_s, 1),
         "fits": False, "compiler_refusal": refusal,
         "hbm_bytes_per_chip": weights * per_chip, "hbm_capacity_per_chip": tpu.hbm_bytes_per_device * per_chip,

@@ -159,8 +159,8 @@ class Engine:
         self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
         # The chip the programs are built for: a real TPU, or abstract TPU devices (AOT).
         device = self.mesh.devices.flat[0]
-        self.target_chip = chips.chip_for_device_kind(device.device_kind) if device.platform == "tpu" else None
         on_tpu = device.platform == "tpu"
+        self.target_chip = chips.chip_for_device_kind(device.device_kind) if on_tpu else None
         impl = config.attention
         if impl == "auto":
             impl = "pallas" if on_tpu else "reference"
