@@ -2,7 +2,13 @@
 
 Entry point (group `torch.backends`, called by `import torch`): `torch_backend_entry`.
 It must never raise (that would break `import torch` for every program in the environment)
-and must not change programs that never ask for "tpu".
+and must not change programs that never ask for "tpu": it acts only when a TPU is attached or
+the user opted in (TPU_PLUGINS_DEVICE=tpu, `--device tpu`), or when a program calls `enable()`.
+
+Layout: tensor.py (TpuTensor), dispatch.py (aten ops -> JAX), torchax_ops.py (the lowering
+table), torch_device.py (the device and torch.tpu), dynamo_backend.py (torch.compile backend
+"tpu"), generation.py (generate() on the core engine), memory.py (device_map="auto"),
+patches.py (where transformers / accelerate are wrapped).
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ def torch_backend_entry() -> None:
             return
         from hf_tpu import torch_device
 
-        torch_device.register()
+        enable()
     except Exception:
         logger.warning("tpu-plugins: registering the torch 'tpu' device failed", exc_info=True)
+
+
+def enable() -> bool:
+    """Set up the "tpu" device now (also without TPU_PLUGINS_DEVICE). True when it is ours."""
+    from hf_tpu import patches, torch_device
+
+    if not torch_device.register():
+        return False
+    patches.install()
+    return True

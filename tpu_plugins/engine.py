@@ -137,16 +137,20 @@ def enable_compile_cache(directory: Path) -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None, defer_kv_cache: bool = False):
+    def __init__(self, config: EngineConfig, *, abstract: bool = False, mesh=None, defer_kv_cache: bool = False,
+                 model_config: ModelConfig | None = None, weights=None):
         """Load the model (or, with `abstract`, only its shapes). The KV cache is allocated now
         (config.num_pages, else what the memory budget holds), or later by `allocate_kv_cache`
-        when `defer_kv_cache` is set: vLLM sizes the cache itself after loading the model."""
+        when `defer_kv_cache` is set: vLLM sizes the cache itself after loading the model.
+
+        `model_config` and `weights` ((HF name, read) pairs, see loader.load_params) build the
+        engine from a model already in memory; `config.model` then only names it."""
         self.config = config
         # Before anything compiles, so every program of this process can come from the disk cache.
         enable_compile_cache(Path(config.compile_cache_dir or settings.load().cache_dir / "jax-compile"))
         self.runtime = runtime.current()
         path = Path(config.model)
-        self.model_config = ModelConfig.from_path(path)
+        self.model_config = model_config or ModelConfig.from_path(path)
         cfg = self.model_config
         if config.dtype not in DTYPES:
             raise UserError(f"dtype {config.dtype!r} is not supported; use one of: float32, bfloat16.")
@@ -181,10 +185,11 @@ class Engine:
         if abstract:
             self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh)
         else:
-            if not path.is_dir():
+            if weights is None and not path.is_dir():
                 raise UserError(f"{path} is not a model folder; weights are needed to run (a config.json alone is "
                                 "enough only for ahead-of-time compilation).")
-            self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress)
+            self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress,
+                                      tensors=weights)
         self._abstract = abstract
         self.kv_spec: kv_cache.KVCacheSpec | None = None
         self.kv_caches = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
 
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import jax
@@ -102,11 +103,15 @@ def abstract_params(cfg: ModelConfig, layout: HeadLayout, dtype, mesh) -> dict:
     return out
 
 
-def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh, progress: bool = True) -> dict:
-    """Read, transform and place every weight; checks that nothing is missing or misshapen."""
+def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh, progress: bool = True,
+                tensors: Iterable[tuple[str, Callable[[], np.ndarray]]] | None = None) -> dict:
+    """Read, transform and place every weight; checks that nothing is missing or misshapen.
+
+    `tensors` ((HF name, read) pairs) replaces reading `folder`: weights already in memory, such
+    as a transformers model's state dict."""
     expected = param_shapes(cfg, layout)
     params: dict = {"layers": [{} for _ in range(cfg.num_layers)]}
-    tensors = list(iterate_tensors(Path(folder)))
+    tensors = list(iterate_tensors(Path(folder)) if tensors is None else tensors)
     for hf_name, read in tqdm(tensors, desc="Loading weights", unit="tensor", disable=not progress):
         match = _LAYER.match(hf_name)
         if match:
@@ -128,5 +133,5 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
     missing = [k for k in expected if k != "layers" and k not in params]
     missing += [f"layers.{i}.{k}" for i, layer in enumerate(expected["layers"]) for k in layer if k not in params["layers"][i]]
     if missing:
-        raise UserError(f"The checkpoint in {folder} lacks {len(missing)} tensor(s), e.g. {missing[:3]}.")
+        raise UserError(f"The checkpoint {folder} lacks {len(missing)} tensor(s), e.g. {missing[:3]}.")
     return params
