@@ -35,8 +35,12 @@ def torch_backend_entry() -> None:
 def enable() -> bool:
     """Set up the "tpu" device now (also without TPU_PLUGINS_DEVICE). True when it is ours."""
     from hf_tpu import patches, torch_device
+    from tpu_plugins import settings
 
     if not torch_device.register():
         return False
     patches.install()
+    # Accelerate picks its device from its own list (CUDA, XPU, NPU, ...) or this variable:
+    # asked-for TPUs are where Accelerator() and Trainer run, unless the user chose otherwise.
+    settings.default_accelerate_device(torch_device.DEVICE)
     return True

@@ -49,14 +49,10 @@ def _index_of(args, kwargs) -> int:
 
 
 def _to_jax(value, index):
-    import jax
-
     if isinstance(value, TpuTensor):
         return value._elem
     if isinstance(value, torch.Tensor):   # a host tensor mixed in (0-dim scalars, index lists)
         return from_host(value, index)._elem
-    if isinstance(value, jax.Array):
-        return value
     return value
 
 
@@ -147,6 +143,12 @@ def _torch_dtype_of(jax_dtype):
     return table[jnp.dtype(jax_dtype)]
 
 
+def _traced(*trees) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in pytree.tree_leaves(trees))
+
+
 def _lookup(table, func):
     return table.get(func) or table.get(func.overloadpacket)
 
@@ -161,10 +163,20 @@ def _functional(func, args, kwargs):
         # generators give exactly the numbers they give on the CPU.
         return _on_host(func, args, kwargs)
     if lowering is not None:
-        meta = _meta_result(func, args, kwargs)
+        meta = _meta_result(func, args, kwargs)   # torch's own checks raise here, before any JAX work
         index = _index_of(args, kwargs)
         jargs, jkwargs = _unwrap(args, index), _unwrap(kwargs, index)
-        return _rewrap(lowering.func(*jargs, **jkwargs), meta, index)
+        try:
+            return _rewrap(lowering.func(*jargs, **jkwargs), meta, index)
+        except Exception as error:
+            # The op's inputs passed torch's checks, so this is a gap in the lowering: run torch's
+            # own kernel on the host. Raising instead would be worse inside backward(), where an
+            # exception from a PrivateUse1 kernel aborts the process (torch's device guard).
+            if _traced(jargs, jkwargs):
+                raise
+            logger.warning("tpu: the JAX lowering of %s failed (%s: %s); running it on the host",
+                           func, type(error).__name__, error)
+            return _on_host(func, args, kwargs)
     decomposition = _lookup(decompositions, func) or torch._decomp.decomposition_table.get(func)
     if decomposition is not None:
         return decomposition(*args, **kwargs)

@@ -62,8 +62,10 @@ def _device_module() -> types.ModuleType:
     module.get_device_name = lambda device=None: runtime.current().device_kind
     module.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     module.is_bf16_supported = lambda including_emulation=True: True
+    # JAX orders work on a device itself: torch-level streams and events are the host's.
     module.Stream = torch.cpu.Stream
     module.Event = torch.cpu.Event
+    module.StreamContext = torch.cpu.StreamContext
     module.stream = torch.cpu.stream
     module.current_stream = torch.cpu.current_stream
     return module
@@ -152,12 +154,7 @@ def register() -> bool:
             raise RuntimeError(f"torch's PrivateUse1 device is already named {current!r} by another package")
         if current == "privateuseone":
             torch.utils.rename_privateuse1_backend(DEVICE)
-        module = _device_module()
-        existing = getattr(torch, DEVICE, None)
-        if existing is not None:
-            # A host-side module registered earlier (e.g. by the SGLang platform): replace it.
-            delattr(torch, DEVICE)
-        torch._register_device_module(DEVICE, module)
+        torch._register_device_module(DEVICE, _device_module())
         torch._C._acc.register_python_privateuseone_hook(_Hooks())
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         if not hasattr(torch.Tensor, DEVICE):

@@ -7,17 +7,15 @@ the host (`device_type` "cpu": the scheduler's token ids, slot tables and sampli
 and a model worker of ours (hooks.py) that runs each batch on the core engine.
 
 Device checks: SGLang passes `--device` to `torch.get_device_module(device)` when it sets up its
-process groups. torch has no "tpu" device, so the platform names torch's spare backend slot
-(PrivateUse1) "tpu" and registers a device module whose streams and events are the host's;
-no tensor is ever placed on it. Which device SGLang tensors use is the model runner's `device`,
-"cpu" (model_runner.py).
+process groups, so the platform makes sure torch's "tpu" device exists (the one hf_tpu provides;
+its streams and events are the host's). No SGLang tensor is placed on it: which device SGLang
+tensors use is the model runner's `device`, "cpu" (model_runner.py).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import types
 
 from sglang.srt.platforms.interface import PlatformEnum, SRTPlatform
 
@@ -33,19 +31,11 @@ DEFAULT_PAGE_SIZE = 16   # what the JAX CPU stand-in offers, as the core engine 
 
 
 def name_torch_device() -> None:
-    """torch.device("tpu") and torch.get_device_module("tpu") resolve (host-side module)."""
-    import torch
+    """torch.device("tpu") and torch.get_device_module("tpu") resolve: the Hugging Face adapter's
+    torch device (hf_tpu/torch_device.py). SGLang's own tensors stay on the host."""
+    from hf_tpu import torch_device
 
-    if torch._C._get_privateuse1_backend_name() == "privateuseone":
-        torch.utils.rename_privateuse1_backend(activation.DEVICE_NAME)
-    if not hasattr(torch, activation.DEVICE_NAME):
-        module = types.ModuleType(f"torch.{activation.DEVICE_NAME}", "Host-side device module for SGLang's checks")
-        for name in ("Stream", "Event", "StreamContext", "stream", "current_stream", "synchronize", "set_device",
-                     "current_device", "device_count", "is_available", "is_initialized"):
-            setattr(module, name, getattr(torch.cpu, name))
-        module.manual_seed = module.manual_seed_all = lambda seed: None   # no device generator to seed
-        module._is_in_bad_fork = lambda: False
-        torch._register_device_module(activation.DEVICE_NAME, module)
+    torch_device.register()
 
 
 def config_error(message: str):

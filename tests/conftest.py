@@ -47,6 +47,15 @@ def run_json(code: str, **env: str):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_probe(name: str, *argv: str, timeout: float = 900, **env: str):
+    """Run tests/probes/<name>.py with argv in a fresh interpreter; return its JSON (last stdout line)."""
+    code = (f"import sys; sys.argv = ['probe', *{list(argv)!r}]; "
+            f"import runpy; runpy.run_path({str(PROBES / (name + '.py'))!r})")
+    proc = run_python(code, timeout=timeout, **env)
+    assert proc.returncode == 0, f"probe {name} failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def demo_model_path() -> Path:
     from tpu_plugins import demo_model

@@ -71,6 +71,7 @@ class EngineConfig:
     compile_cache_dir: Path | None = None  # default: $TPU_PLUGINS_CACHE/jax-compile
     progress: bool = True
     prompt_logprobs: bool = False          # also warm up the all-token-logits programs
+    min_token_bucket: int = MIN_TOKEN_BUCKET   # smallest step; on a CPU 4 decodes small batches faster
 
 
 @dataclass
@@ -118,8 +119,8 @@ class Counters:
             logger.warning("tpu-plugins: programs compiled after warm-up: %d in total", count)
 
 
-def token_buckets(max_tokens: int) -> list[int]:
-    buckets, b = [], MIN_TOKEN_BUCKET
+def token_buckets(max_tokens: int, smallest: int = MIN_TOKEN_BUCKET) -> list[int]:
+    buckets, b = [], smallest
     while b < max_tokens:
         buckets.append(b)
         b *= 2
@@ -176,7 +177,7 @@ class Engine:
             # JAX's tuned blocks for the target chip, per bucket; fixed ones in interpret mode on a CPU.
             block_sizes=None if on_tpu else BlockSizes(), device_kind=device.device_kind if on_tpu else None)
         self.inv_freq = jnp.asarray(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        self.buckets = token_buckets(config.max_num_batched_tokens)
+        self.buckets = token_buckets(config.max_num_batched_tokens, config.min_token_bucket)
         compile_stats.install()
         self.counters = Counters(at_start=compile_stats.snapshot())
         self._programs: dict = {}

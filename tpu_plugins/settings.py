@@ -76,3 +76,11 @@ def sglang_mesh_tp() -> int:
 
 def set_sglang_mesh_tp(value: int) -> None:
     os.environ[SGLANG_MESH_TP] = str(value)
+
+
+ACCELERATE_DEVICE = "ACCELERATE_TORCH_DEVICE"   # Accelerate's own device switch
+
+
+def default_accelerate_device(value: str) -> None:
+    """Accelerate (and so transformers' Trainer) uses `value` unless the user chose a device."""
+    os.environ.setdefault(ACCELERATE_DEVICE, value)
