@@ -8,12 +8,11 @@ the user opted in (TPU_PLUGINS_DEVICE=tpu, `--device tpu`), or when a program ca
 Layout: tensor.py (TpuTensor), dispatch.py (aten ops -> JAX), torchax_ops.py (the lowering
 table), torch_device.py (the device and torch.tpu), dynamo_backend.py (torch.compile backend
 "tpu"), generation.py (generate() on the core engine), memory.py (device_map="auto"),
-patches.py (where transformers / accelerate are wrapped).
+placement.py (device-map checks), patches.py (where transformers / accelerate are wrapped).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 logger = logging.getLogger(__name__)
@@ -23,11 +22,8 @@ def torch_backend_entry() -> None:
     try:
         from tpu_plugins import activation
 
-        if not activation.tpu_requested() or importlib.util.find_spec("hf_tpu.torch_device") is None:
-            return
-        from hf_tpu import torch_device
-
-        enable()
+        if activation.tpu_requested():
+            enable()
     except Exception:
         logger.warning("tpu-plugins: registering the torch 'tpu' device failed", exc_info=True)
 
