@@ -1,9 +1,13 @@
-"""Bad input against both servers (vLLM and SGLang, the real frameworks): every case in
-tests/bad_requests.py gets a 4xx whose message names the problem, never a 5xx, and after each
-one the server still answers a greedy request with transformers' tokens. One server per
-framework for the module."""
+"""Reliability of both servers (vLLM and SGLang, the real frameworks). One server per framework.
+
+Bad input: every case in tests/bad_requests.py gets a 4xx whose message names the problem, never
+a 5xx, and after each one the server still answers a greedy request with transformers' tokens.
+Determinism: a seeded sampled request gives the same tokens alone, again, and inside a batch of
+other concurrent requests.
+"""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -75,3 +79,21 @@ def test_bad_request_is_refused_and_server_keeps_serving(server, expected_probe,
     probe = requests.post(server.base_url + "/v1/completions", timeout=120, json={
         "model": MODEL, "prompt": PROBE_PROMPT, "max_tokens": 6, "temperature": 0})
     assert probe.status_code == 200 and probe.json()["choices"][0]["text"] == expected_probe
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_any_batch(server):
+    def sample(prompt, seed):
+        response = requests.post(server.base_url + "/v1/completions", timeout=300, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": seed})
+        assert response.status_code == 200, response.text[:500]
+        return response.json()["choices"][0]["text"]
+
+    alone = sample(PROBE_PROMPT, 1234)
+    assert sample(PROBE_PROMPT, 1234) == alone
+    others = [f"Story number {i}: once upon a time" for i in range(7)]
+    with ThreadPoolExecutor(8) as pool:
+        in_batch = pool.submit(sample, PROBE_PROMPT, 1234)
+        noise = [pool.submit(sample, p, i) for i, p in enumerate(others)]
+        assert in_batch.result() == alone
+        [f.result() for f in noise]
+    assert sample(PROBE_PROMPT, 4321) != alone or sample(PROBE_PROMPT, 99) != alone
