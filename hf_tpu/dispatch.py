@@ -187,19 +187,20 @@ def _functional(func, args, kwargs):
 
 
 def _functional_form(func):
-    """The out-of-place op an in-place (`add_`) or out= (`add.out`) overload computes."""
+    """The out-of-place op an in-place (`add_.Tensor`) or out= (`add.out`) overload computes: the
+    base op's non-mutating overload taking the same arguments, less the out= tensors."""
     packet_name = func.overloadpacket.__name__
-    overload = func._overloadname
-    base = packet_name[:-1] if packet_name.endswith("_") else packet_name
-    packet = getattr(aten, base, None)
+    packet = getattr(aten, packet_name[:-1] if packet_name.endswith("_") else packet_name, None)
     if packet is None:
         return None
-    candidates = [overload, overload.removesuffix("_out"), overload.removesuffix("out").rstrip("_") or "default", "default"]
-    for name in candidates:
-        if name in packet.overloads():
-            candidate = getattr(packet, name)
-            if not candidate._schema.is_mutable:
-                return candidate
+    written = set(_mutated_positions(func))
+    wanted = [(a.name, str(a.type)) for i, a in enumerate(func._schema.arguments)
+              if not (i in written and a.kwarg_only)]
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        schema = candidate._schema
+        if not schema.is_mutable and [(a.name, str(a.type)) for a in schema.arguments] == wanted:
+            return candidate
     return None
 
 
@@ -224,9 +225,11 @@ def _mutating(func, args, kwargs):
     if isinstance(result, (tuple, list)):
         result = result[0]
     if isinstance(target, TpuTensor) and isinstance(result, TpuTensor) and target.shape != result.shape:
-        # An out= tensor torch would resize (factories allocate empty([0]) and fill it via
-        # out=): a wrapper's shape is fixed, and callers use the returned tensor.
-        return wrap(result._elem, target.dtype, target.device.index or 0)
+        # torch would resize the out= tensor; a wrapper's shape is fixed (factories that rely on
+        # it are built on the host, torch_device.py), and callers keep the tensor they passed.
+        raise RuntimeError(f"{func}: the out= tensor has shape {tuple(target.shape)} but the result has shape "
+                           f"{tuple(result.shape)}; tpu tensors cannot be resized: pass an out= tensor of the "
+                           "result's shape, or use the op without out=.")
     assign(target, result)
     return target
 

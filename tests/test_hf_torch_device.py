@@ -36,6 +36,7 @@ def test_factories_setitem_inplace_item(probe):
     assert f["zeros"] == [[0.0] * 3] * 2 and f["full"] == [7.0, 7.0] and f["tensor"] == [1, 2, 3]
     assert f["linspace"] == 0.0
     assert probe["setitem"] == 0.0 and probe["inplace"] == 0.0 and probe["item"]
+    assert probe["out_variant"] == {"same_tensor": True, "diff": 0.0}
 
 
 def test_random_numbers_follow_torch_seed(probe):
@@ -57,6 +58,7 @@ def test_worker_threads_pickle_deepcopy(probe):
 def test_bad_device_and_dtype_errors(probe):
     assert probe["errors"]["missing_index"].startswith("RuntimeError: tpu:7 does not exist: this host has 1 tpu device")
     assert "float64 is not supported on the tpu device" in probe["errors"]["float64"]
+    assert "tpu tensors cannot be resized" in probe["errors"]["out_resize"]
 
 
 def test_failed_lowering_falls_back_to_host_even_in_backward(probe):

@@ -54,7 +54,11 @@ ref[1, 2:5] = 9.0
 out["setitem"] = diff(z, ref)
 w = y.clone()
 w.add_(1.0).mul_(2.0)
-out["inplace"] = diff(w, (x + 1) * 2)
+w.add_(y, alpha=3).clamp_(max=4.0)
+out["inplace"] = diff(w, ((x + 1) * 2 + 3 * x).clamp(max=4.0))
+target = torch.zeros(5, 7, device="tpu")
+returned = torch.add(y, y, alpha=2, out=target)
+out["out_variant"] = {"same_tensor": returned is target, "diff": diff(target, x + 2 * x)}
 out["item"] = float(y[0, 0].item()) == float(x[0, 0].item())
 
 # Same random numbers as the CPU for the same seed (drawn by torch's CPU generator).
@@ -95,7 +99,8 @@ out["deepcopy_device"] = str(copy.deepcopy(y).device)
 
 errors = {}
 for name, make in {"missing_index": lambda: torch.ones(2, device="tpu:7"),
-                   "float64": lambda: torch.ones(2, dtype=torch.float64).to("tpu")}.items():
+                   "float64": lambda: torch.ones(2, dtype=torch.float64).to("tpu"),
+                   "out_resize": lambda: torch.add(y, y, out=torch.empty(0, device="tpu"))}.items():
     try:
         make()
         errors[name] = None
