@@ -10,22 +10,29 @@ penalties, seeds, logprobs) under SGLang's grammar bitmask, and returns the toke
 int64 host tensor SGLang feeds back as the next decode's input.
 
 Tensor parallelism (`--tp-size N`) is the core's mesh in this one process; SGLang sees one worker.
+
+A request whose preparation raises (its sampling settings, its seed) fails alone: it is
+finished as SGLang's own abort with status 500 and its message (its row of this step runs
+greedily and is thrown away); the batch and the scheduler go on.
 """
 
 from __future__ import annotations
 
-import logging
 import hashlib
+import logging
+from http import HTTPStatus
 
 import numpy as np
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
 
 from tpu_plugins import sampling, settings
 from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine, EngineConfig
+from tpu_plugins.request_faults import attempt, check_injected_fault
 from sglang_tpu.platform import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -134,9 +141,9 @@ class TpuTpModelWorker(TpModelWorker):
         else:
             logits, token_logits = self.engine.execute(ragged), None
 
-        params = [core_params(r) for r in reqs]
+        params, seeds = self._prepare(reqs, batch.forward_mode.is_extend())
         out = self.engine.sample(
-            logits, params, [len(r.output_ids) for r in reqs], [self._seed(r) for r in reqs],
+            logits, params, [len(r.output_ids) for r in reqs], seeds,
             [(r.origin_input_ids, r.output_ids) for r in reqs] if any(p.uses_penalties for p in params) else None,
             self._allowed_tokens(batch))
         result = LogitsProcessorOutput(next_token_logits=None)
@@ -144,6 +151,23 @@ class TpuTpModelWorker(TpModelWorker):
             self._fill_logprobs(result, batch, out, params, counts, token_logits)
         return GenerationBatchResult(logits_output=result,
                                      next_token_ids=torch.as_tensor(np.asarray(out.token_ids), dtype=torch.int64))
+
+    def _prepare(self, reqs, prefill: bool) -> tuple[list[sampling.SamplingParams], list[int]]:
+        """Each request's sampling settings and seed; a request whose preparation fails is aborted alone."""
+        params, seeds = [], []
+        for req in reqs:
+            def prepare(req=req):
+                if prefill:
+                    check_injected_fault(req.origin_input_ids)
+                return core_params(req), self._seed(req)
+
+            prepared, error = attempt(req.rid, prepare)
+            if error:
+                req.to_finish = FINISH_ABORT(error, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+                prepared = sampling.SamplingParams(temperature=0.0), 0
+            params.append(prepared[0])
+            seeds.append(prepared[1])
+        return params, seeds
 
     @staticmethod
     def _seed(req) -> int:

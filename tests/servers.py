@@ -75,3 +75,11 @@ def sglang_serve(model: Path, log: Path, *args: str, env: dict | None = None) ->
     argv = [str(BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "tpu",
             "--host", "127.0.0.1", "--port", str(port), *args]
     return Server(argv, port, log, env)
+
+
+def start_for_module(framework: str, start, model: Path, tmp_path_factory) -> Server:
+    """`start(framework, model, log)` -> a ready Server that knows its framework (for modules
+    parametrized over both frameworks)."""
+    srv = start(framework, model, tmp_path_factory.mktemp(framework) / "server.log").wait_ready()
+    srv.framework = framework
+    return srv

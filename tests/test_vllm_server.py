@@ -99,6 +99,18 @@ def test_prompt_logprobs_equal_transformers(client, hf):
         assert abs(got[p][str(ids[p])]["logprob"] - ref[p - 1][ids[p]]) < 1e-3
 
 
+def test_one_token_prompt_with_prompt_logprobs_and_echo(client, server):
+    # No prompt token is predicted, so the prompt logprobs have no rows; a zero-size tensor with
+    # numpy's stride 0 once killed the engine's output thread and every later request hung.
+    out = client.completions.create(model=MODEL, prompt=[504], max_tokens=2, temperature=0,
+                                    extra_body={"prompt_logprobs": 1})
+    assert out.choices[0].prompt_logprobs == [None] and out.usage.completion_tokens == 2
+    echo = client.completions.create(model=MODEL, prompt=[504], max_tokens=2, temperature=0, echo=True, logprobs=1)
+    assert echo.choices[0].logprobs.token_logprobs[0] is None and len(echo.choices[0].logprobs.tokens) == 3
+    out = client.completions.create(model=MODEL, prompt=COMPLETION_PROMPTS[0], max_tokens=3, temperature=0)
+    assert out.choices[0].text.startswith(" Paris")
+
+
 def test_seeded_sampling_is_reproducible_and_n_gives_choices(client):
     kwargs = dict(model=MODEL, prompt=COMPLETION_PROMPTS[2], max_tokens=16, temperature=0.9, top_p=0.95,
                   extra_body={"top_k": 40})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,3 +85,14 @@ ACCELERATE_DEVICE = "ACCELERATE_TORCH_DEVICE"   # Accelerate's own device switch
 def default_accelerate_device(value: str) -> None:
     """Accelerate (and so transformers' Trainer) uses `value` unless the user chose a device."""
     os.environ.setdefault(ACCELERATE_DEVICE, value)
+
+
+# Fault injection for the reliability tests, off unless set: a prompt containing this token id
+# fails while its request is being prepared (tpu_plugins/request_faults.py).
+FAULT_TOKEN = "TPU_PLUGINS_FAULT_TOKEN"
+
+
+@functools.cache
+def fault_token() -> int | None:
+    raw = os.environ.get(FAULT_TOKEN, "").strip()
+    return _int_env(FAULT_TOKEN, 0) if raw else None

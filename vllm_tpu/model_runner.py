@@ -5,6 +5,10 @@ far (with async scheduling the next step is scheduled before its input token is 
 scheduler, so the runner remembers it), the block table, and the sampling settings.
 `execute_model` runs the step and keeps the logits; `sample_tokens` applies vLLM's grammar
 bitmask and min_tokens / allowed_token_ids as a token mask, samples on device, and reports.
+
+A request whose preparation raises (its sampling settings, its chunk) fails alone: it leaves
+the step, is reported to the scheduler as a request error (request_errors.py), and is skipped
+until the scheduler lists it as finished.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTe
 
 from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine
+from tpu_plugins.request_faults import attempt, check_injected_fault
 from tpu_plugins.sampling import chunk_prompt_logprobs, unpack_token_bitmask
+from vllm_tpu import request_errors
 from vllm_tpu.sampling import to_core
 
 
@@ -43,26 +49,33 @@ class _Request:
 class _Step:
     req_ids: list[str]
     completes: list[bool]               # False for a prefill chunk that does not reach the end
-    logits: object                      # device array, one row per request
+    logits: object                      # device array, one row per request (None: no request left)
+    failed: list[str]                   # scheduled, but failed: reported with no token
 
 
 class TpuModelRunner:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.requests: dict[str, _Request] = {}
+        self.failed: set[str] = set()             # failed, not yet finished by the scheduler
+        self._unreported: dict[str, str] = {}     # failures the scheduler has not been told of
         self._step: _Step | None = None
 
     # -- state -------------------------------------------------------------------------------
     def _update(self, so) -> None:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.failed.discard(req_id)
         for new in so.scheduled_new_reqs:
-            seed = new.sampling_params.seed
-            self.requests[new.req_id] = _Request(
-                prompt=list(new.prompt_token_ids), params=new.sampling_params, pages=list(new.block_ids[0]),
-                seed=seed if seed is not None else random.getrandbits(63))
+            req, error = attempt(new.req_id, lambda: self._admit(new))
+            if error:
+                self._fail(new.req_id, error)
+            else:
+                self.requests[new.req_id] = req
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
+            if req_id in self.failed:
+                continue
             req = self.requests[req_id]
             blocks = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
@@ -71,6 +84,18 @@ class TpuModelRunner:
                     req.output = list(cached.all_token_ids[req_id][len(req.prompt):])
             elif blocks:
                 req.pages += blocks[0]
+
+    @staticmethod
+    def _admit(new) -> _Request:
+        check_injected_fault(new.prompt_token_ids)
+        seed = new.sampling_params.seed
+        return _Request(prompt=list(new.prompt_token_ids), params=new.sampling_params, pages=list(new.block_ids[0]),
+                        seed=seed if seed is not None else random.getrandbits(63))
+
+    def _fail(self, req_id: str, message: str) -> None:
+        self.requests.pop(req_id, None)
+        self.failed.add(req_id)
+        self._unreported[req_id] = message
 
     # -- the step ----------------------------------------------------------------------------
     def execute_model(self, so):
@@ -81,23 +106,40 @@ class TpuModelRunner:
             self.engine.copy_pages([(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies])
         computed = dict(zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.num_computed_tokens))
         computed.update((new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs)
-        req_ids = list(so.num_scheduled_tokens)
-        chunks, completes, prompt_rows = [], [], []
-        for req_id in req_ids:
+        req_ids, chunks, completes, prompt_rows = [], [], [], []
+        for req_id in so.num_scheduled_tokens:
+            if req_id in self.failed:
+                continue
             req, start, n = self.requests[req_id], computed[req_id], so.num_scheduled_tokens[req_id]
-            tokens = req.tokens
-            chunks.append(SeqChunk(tokens[start:start + n], start, req.pages))
-            completes.append(start + n >= len(tokens))
+            chunk, error = attempt(req_id, lambda: self._chunk(req, start, n))
+            if error:
+                self._fail(req_id, error)
+                continue
+            req_ids.append(req_id)
+            chunks.append(chunk)
+            completes.append(start + n >= len(req.tokens))
             prompt_rows.append(req.params.prompt_logprobs is not None and req.prompt_lp is not None
                                and start < len(req.prompt))
+        failed = [r for r in so.num_scheduled_tokens if r in self.failed]
+        if not chunks:
+            self._step = _Step([], [], None, failed)
+            return None
         batch = ragged_batch(chunks, self.engine.config.page_size)
         if any(prompt_rows):
             logits, token_logits = self.engine.execute_with_token_logits(batch)
             self._collect_prompt_logprobs(req_ids, chunks, prompt_rows, token_logits)
         else:
             logits = self.engine.execute(batch)
-        self._step = _Step(req_ids, completes, logits)
+        self._step = _Step(req_ids, completes, logits, failed)
         return None
+
+    def _chunk(self, req: _Request, start: int, n: int) -> SeqChunk:
+        tokens = req.tokens
+        if start + n > len(tokens):
+            raise RuntimeError(f"tokens {start}..{start + n} were scheduled; the request has {len(tokens)}")
+        if start + n > len(req.pages) * self.engine.config.page_size:
+            raise RuntimeError(f"{len(req.pages)} KV pages cannot hold {start + n} tokens")
+        return SeqChunk(tokens[start:start + n], start, req.pages)
 
     def _collect_prompt_logprobs(self, req_ids, chunks, wanted, token_logits) -> None:
         row = 0
@@ -117,6 +159,11 @@ class TpuModelRunner:
         step, self._step = self._step, None
         if step is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        failures, self._unreported = self._unreported, {}
+        if step.logits is None:   # every scheduled request failed
+            return request_errors.attach(ModelRunnerOutput(
+                req_ids=step.failed, req_id_to_index={r: i for i, r in enumerate(step.failed)},
+                sampled_token_ids=[[] for _ in step.failed]), failures)
         reqs = [self.requests[r] for r in step.req_ids]
         mask = self._token_mask(step.req_ids, reqs, grammar_output)
         out = self.engine.sample(step.logits, [r.core for r in reqs], [len(r.output) for r in reqs],
@@ -132,9 +179,11 @@ class TpuModelRunner:
             if req.params.prompt_logprobs is not None and req.prompt_lp is not None:
                 prompt_lps[req_id] = _prompt_logprobs_tensors(req.prompt, req.prompt_lp)
                 req.prompt_lp = None   # reported once, when the prompt is done
-        return ModelRunnerOutput(req_ids=step.req_ids, req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
-                                 sampled_token_ids=sampled, logprobs=_logprobs_lists(reqs, out),
-                                 prompt_logprobs_dict=prompt_lps)
+        req_ids = step.req_ids + step.failed   # failed ones last: logprob rows stay aligned with the others
+        return request_errors.attach(ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled + [[] for _ in step.failed], logprobs=_logprobs_lists(reqs, out),
+            prompt_logprobs_dict=prompt_lps), failures)
 
     def _token_mask(self, req_ids, reqs, grammar_output) -> np.ndarray | None:
         vocab = self.engine.model_config.vocab_size
@@ -188,4 +237,12 @@ def _prompt_logprobs_tensors(prompt: list[int], chunks) -> LogprobsTensors:
         ids[:, 1:] = np.concatenate([c.top_ids for c in chunks])
         values[:, 1:] = np.concatenate([c.top_logprobs for c in chunks])
     ranks = np.concatenate([c.ranks for c in chunks]) if chunks else np.zeros(0, np.int32)
-    return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values), torch.from_numpy(ranks))
+    return LogprobsTensors(_host_tensor(ids), _host_tensor(values), _host_tensor(ranks))
+
+
+def _host_tensor(array: np.ndarray) -> torch.Tensor:
+    """numpy gives a zero-size array stride 0, and vLLM's output encoder (which views each tensor
+    as bytes) fails on it, killing the engine's output thread: a one-token prompt with prompt
+    logprobs has no rows. Zero-size tensors are made fresh, with ordinary strides."""
+    tensor = torch.from_numpy(array)
+    return tensor if array.size else torch.empty(array.shape, dtype=tensor.dtype)

@@ -5,10 +5,14 @@ What vLLM sees: an out-of-tree platform whose torch tensors live on the host (`d
 local chip through SPMD, and a KV cache of `--block-size` pages sized from the chips' memory.
 `--tensor-parallel-size N` becomes the core's mesh, not N vLLM workers.
 
-Patch points: none. Everything goes through vLLM's platform hooks:
+Through vLLM's platform hooks:
   * `pre_register_and_update(parser)` re-adds `--device` (removed from vLLM in 0.10);
   * `check_and_update_config` picks our worker, maps TP onto the mesh, checks the model;
   * `validate_request` rejects sampling options the core does not implement, as HTTP 400.
+
+Patch points, each small and named where no hook exists: `ModelConfig.verify_with_parallel_config`
+(below: heads not divisible by TP), and in the engine-core process `torch.accelerator` cache
+calls (worker.py) and `Scheduler.update_from_output` (request_errors.py: per-request failures).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
+from vllm_tpu import request_errors
 from vllm_tpu.model_runner import TpuModelRunner
 from vllm_tpu.platform import TP_KEY
 
@@ -59,6 +60,7 @@ class TpuWorker(WorkerBase):
 
         runtime.current()
         _no_torch_accelerator_cache_to_empty()
+        request_errors.fail_requests_the_runner_could_not_run()
 
     def load_model(self, *args, **kwargs) -> None:
         c = self.vllm_config
