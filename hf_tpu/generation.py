@@ -41,10 +41,10 @@ _SUPPORTED_FIELDS = {
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 _TOKEN_BUDGET = 512          # tokens per engine step (chunked prefill)
 _MIN_CACHE_TOKENS = 4096
-# Smallest step bucket. On a TPU 16 rows fill a bf16 tile; on JAX's CPU backend a batch-1 decode
-# padded to 16 rows costs 1.6x one padded to 4 (measured: 67 vs 41 ms per token, SmolLM2 fp32).
-_MIN_BUCKET = {"tpu": 16}
-_MIN_BUCKET_ELSEWHERE = 4
+# Smallest step bucket off TPU (on a TPU the engine's default, 16 rows, fills a bf16 tile): on
+# JAX's CPU backend a batch-1 decode padded to 16 rows costs 1.6x one padded to 4 (measured: 67
+# vs 41 ms per token, SmolLM2 fp32).
+_MIN_BUCKET_OFF_TPU = 4
 
 
 @contextlib.contextmanager
@@ -176,7 +176,7 @@ def _weights_of(model) -> list:
 def _generator(model, model_config, need_tokens: list[int]):
     """The model's engine and scheduler, built on first use; rebuilt when the weights or the
     needed KV cache size changed."""
-    from tpu_plugins.engine import Engine, EngineConfig
+    from tpu_plugins.engine import MIN_TOKEN_BUCKET, Engine, EngineConfig
     from tpu_plugins.offline import OfflineGenerator
 
     cached = _engines.get(model)
@@ -199,7 +199,7 @@ def _generator(model, model_config, need_tokens: list[int]):
         model=getattr(model, "name_or_path", "") or "transformers-model", dtype=_DTYPES[model.dtype],
         max_model_len=max(max(need_tokens), min(model_config.max_position_embeddings, 8192)),
         max_num_seqs=64, max_num_batched_tokens=_TOKEN_BUDGET, page_size=page_size, num_pages=pages, progress=False,
-        min_token_bucket=_MIN_BUCKET.get(runtime.current().kind, _MIN_BUCKET_ELSEWHERE))
+        min_token_bucket=MIN_TOKEN_BUCKET if runtime.current().kind == "tpu" else _MIN_BUCKET_OFF_TPU)
     engine = Engine(config, model_config=model_config, weights=[(name, reader(t)) for name, t in state.items()])
     # No warm-up: a generate() call compiles only the token buckets it uses (each once, then
     # cached in memory and on disk), which keeps the first call short.

@@ -48,6 +48,14 @@ def expected_probe(demo_model_path):
     return tokenizer.decode(hf_greedy(model, tokenizer(PROBE_PROMPT)["input_ids"], 6, stop_at_eos=False))
 
 
+def assert_alive_and_correct(server, expected_probe: str) -> None:
+    """/health answers, and a greedy completion still gives transformers' tokens."""
+    assert requests.get(server.base_url + "/health", timeout=30).status_code == 200
+    probe = requests.post(server.base_url + "/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": PROBE_PROMPT, "max_tokens": 6, "temperature": 0})
+    assert probe.status_code == 200 and probe.json()["choices"][0]["text"] == expected_probe
+
+
 def send(server, endpoint: str, body):
     url = server.base_url + endpoint
     if body is None:
@@ -80,10 +88,7 @@ def test_bad_request_is_refused_and_server_keeps_serving(server, expected_probe,
     else:
         assert 400 <= response.status_code < 500, f"{server.framework} {name}: {response.status_code} {message[:500]}"
         assert re.search(mentions, message, re.IGNORECASE), f"{server.framework} {name}: message {message[:500]!r}"
-    assert requests.get(server.base_url + "/health", timeout=30).status_code == 200
-    probe = requests.post(server.base_url + "/v1/completions", timeout=120, json={
-        "model": MODEL, "prompt": PROBE_PROMPT, "max_tokens": 6, "temperature": 0})
-    assert probe.status_code == 200 and probe.json()["choices"][0]["text"] == expected_probe
+    assert_alive_and_correct(server, expected_probe)
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_any_batch(server):
@@ -191,7 +196,4 @@ def test_fuzzed_requests_get_no_5xx_and_the_server_keeps_serving(server, expecte
     _fuzz(server, outcomes)
     print(f"\n{server.framework} fuzzing: {sum(outcomes.values())} requests, HTTP status counts {dict(outcomes)}")
     assert outcomes[200] >= 50, f"too few valid requests to exercise generation: {dict(outcomes)}"
-    assert requests.get(server.base_url + "/health", timeout=30).status_code == 200
-    probe = requests.post(server.base_url + "/v1/completions", timeout=120, json={
-        "model": MODEL, "prompt": PROBE_PROMPT, "max_tokens": 6, "temperature": 0})
-    assert probe.status_code == 200 and probe.json()["choices"][0]["text"] == expected_probe
+    assert_alive_and_correct(server, expected_probe)

@@ -117,7 +117,7 @@ class TpuModelRunner:
                 continue
             req_ids.append(req_id)
             chunks.append(chunk)
-            completes.append(start + n >= len(req.tokens))
+            completes.append(start + n >= len(req.prompt) + len(req.output))
             prompt_rows.append(req.params.prompt_logprobs is not None and req.prompt_lp is not None
                                and start < len(req.prompt))
         failed = [r for r in so.num_scheduled_tokens if r in self.failed]
