@@ -117,7 +117,8 @@ def test_bad_topology_names_the_valid_ones():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "no-such-model"], "one of the shipped configs: Llama-3.1-70B, Llama-3.1-8B"),
-    (["--model", "Llama-3.1-8B", "--dtype", "int8"], "int8 weights are not in the engine"),
+    (["--model", "Llama-3.1-8B", "--dtype", "int4"], "--dtype 'int4' is not one of: bfloat16, float32, int8"),
+    (["--model", "Qwen3-30B-A3B", "--ep", "3"], "--ep 3 must divide the tensor-parallel size 4"),
     (["--model", "Llama-3.1-8B", "--tp", "8"], "--tp 8 needs 8 devices; v6e:2x2 has 4"),
     (["--model", "Llama-3.1-8B", "--max-model-len", "999999"], "exceeds the model's max_position_embeddings"),
 ])

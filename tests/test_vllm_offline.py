@@ -1,5 +1,7 @@
 """vLLM's offline LLM API and `vllm serve` start-up on the tpu-plugins platform: tensor parallelism
-on a simulated slice, prefix caching on and off, and configuration errors."""
+on a simulated slice, prefix caching on and off, mixture-of-experts models with expert
+parallelism, int8 weights (--quantization int8 and compressed-tensors checkpoints), and
+configuration errors."""
 
 import json
 import subprocess
@@ -7,7 +9,9 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, clean_env
+import moe_int8_models
+from conftest import REPO, clean_env, hf_greedy
+from moe_int8_models import int8_rounded, token_prompts
 from servers import BIN
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -76,3 +80,66 @@ def test_other_device_values_are_refused(demo_model_path):
     proc = serve_error(str(demo_model_path), "--device", "cuda", TPU_PLUGINS_DEVICE="tpu")
     assert proc.returncode != 0
     assert "--device 'cuda' is not available here" in proc.stderr and "VLLM_TARGET_DEVICE=cpu" in proc.stderr
+
+
+GENERATE_IDS = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    prompts = args.pop("prompts")
+    # a small KV pool: sized from the memory budget, a tiny model would get gigabytes of pages
+    llm = LLM(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks_override=64, **args)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+"""
+
+
+def generate_ids(sim_devices: int = 1, **llm_kwargs):
+    proc = subprocess.run([sys.executable, "-c", GENERATE_IDS, json.dumps(llm_kwargs)], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=clean_env(TPU_PLUGINS_DEVICE="tpu",
+                                                               TPU_PLUGINS_SIM_DEVICES=str(sim_devices)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def test_qwen3_moe_with_expert_parallelism_gives_transformers_tokens(tmp_path, demo_model_path):
+    """--tensor-parallel-size 2 --enable-expert-parallel on a simulated 2-chip slice."""
+    model = moe_int8_models.save(tmp_path, "qwen3_moe")
+    prompts = token_prompts()
+    got = generate_ids(sim_devices=2, model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32",
+                       tensor_parallel_size=2, enable_expert_parallel=True, prompts=prompts)
+    assert got == [hf_greedy(model, p, 12, stop_at_eos=False) for p in prompts]
+
+
+def test_mixtral_with_int8_quantization_gives_transformers_tokens_of_the_rounded_weights(tmp_path, demo_model_path):
+    """--quantization int8 on a float checkpoint: transformers with each linear weight rounded
+    the same way (per output channel) is the reference."""
+    model = moe_int8_models.save(tmp_path, "mixtral")
+    prompts = token_prompts()
+    got = generate_ids(model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32", quantization="int8",
+                       prompts=prompts)
+    assert got == [hf_greedy(int8_rounded(model), p, 12, stop_at_eos=False) for p in prompts]
+
+
+def test_compressed_tensors_int8_checkpoint_is_served_as_the_core_serves_it(tmp_path, demo_model_path):
+    """vLLM detects the checkpoint's quantization itself (compressed-tensors, bf16 only in vLLM's
+    checks); the tokens equal the core engine's on the same checkpoint, which test_quantization
+    checks against transformers loading it."""
+    from ct_int8_checkpoint import write_int8_checkpoint
+
+    from tpu_plugins.engine import Engine, EngineConfig
+    from tpu_plugins.offline import GenerationParams, OfflineGenerator
+
+    moe_int8_models.save(tmp_path / "float", "llama")
+    write_int8_checkpoint(tmp_path / "float", tmp_path / "int8", "pack-quantized")
+    prompts = token_prompts()
+    got = generate_ids(model=str(tmp_path / "int8"), tokenizer=str(demo_model_path), dtype="bfloat16", prompts=prompts)
+    engine = Engine(EngineConfig(model=tmp_path / "int8", dtype="bfloat16", max_model_len=128, max_num_seqs=4,
+                                 max_num_batched_tokens=64, progress=False))
+    assert engine.quantization == "int8"
+    outs = OfflineGenerator(engine).generate(prompts, GenerationParams(max_tokens=12, ignore_eos=True))
+    assert got == [o.token_ids for o in outs]
+

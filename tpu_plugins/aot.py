@@ -36,7 +36,8 @@ from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
 
 REFERENCE_CONFIGS = Path(__file__).parent / "reference_configs"
-AOT_DTYPES = ("bfloat16", "float32")
+# --dtype -> (the engine's dtype, its quantization): int8 is bf16 activations with int8 weights.
+AOT_DTYPES = {"bfloat16": ("bfloat16", None), "float32": ("float32", None), "int8": ("bfloat16", "int8")}
 
 
 @dataclass
@@ -46,6 +47,7 @@ class AotRequest:
     max_model_len: int
     max_num_seqs: int
     tensor_parallel_size: int | None = None    # default: every device of the slice
+    expert_parallel_size: int = 1              # of the TP devices, how many split a MoE model's experts
     max_num_batched_tokens: int = 512
     page_size: int = 16
     dtype: str = "bfloat16"
@@ -76,9 +78,31 @@ def _per_device_bytes(tree) -> int:
     return total
 
 
+def _per_device_elements(tree) -> int:
+    """Weight elements one device holds (int8 values count as elements, like bf16 ones)."""
+    return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _expert_accounting(engine: Engine, tokens: int) -> dict:
+    """A mixture-of-experts decode step, per device: its expert weights, the share of them the
+    step reads and the experts' flops. Routing is taken as uniform: each expert is hit by at
+    least one of the tokens x top_k pairs with probability 1 - (1 - 1/E)^(tokens x top_k)."""
+    layers = [layer for layer in engine.params["layers"] if "router" in layer]
+    if not layers:
+        return {"bytes": 0, "bytes_read": 0, "elements": 0, "flops": 0, "in_pallas_kernels": False, "touched": 0.0}
+    trees = [{n: layer[n] for n in ("experts_gate", "experts_up", "experts_down")} for layer in layers]
+    total = _per_device_bytes(trees)
+    elements = _per_device_elements(trees)
+    moe = engine.moe
+    touched = 1 - (1 - 1 / moe.num_experts) ** (tokens * moe.top_k)
+    int8 = engine.quantization == "int8"
+    return {"bytes": total, "bytes_read": total * touched, "elements": elements, "touched": touched,
+            # each pair multiplies by 3 of its expert's matrices; a device holds 1/devices of every expert's share
+            "flops": 2 * tokens * moe.top_k * elements / moe.num_experts,
+            "in_pallas_kernels": moe.implementation == "megablox" and not int8}
+
+
 def analyze(request: AotRequest) -> dict:
-    if request.dtype == "int8":
-        raise UserError("--dtype int8 is not supported yet: int8 weights are not in the engine; use bfloat16.")
     if request.dtype not in AOT_DTYPES:
         raise UserError(f"--dtype {request.dtype!r} is not one of: {', '.join(AOT_DTYPES)}.")
     tpu = topology.resolve(request.topology)
@@ -88,12 +112,16 @@ def analyze(request: AotRequest) -> dict:
                         f"({tpu.num_chips} chips x {tpu.devices_per_chip}).")
     if tp % tpu.devices_per_chip:
         raise UserError(f"--tp {tp} must cover whole chips: {tpu.chip.generation} has {tpu.devices_per_chip} devices per chip.")
-    mesh = jax.sharding.Mesh(np.array(tpu.devices[:tp]).reshape(1, 1, tp), ("data", "expert", "model"))
+    ep = request.expert_parallel_size
+    if ep < 1 or tp % ep:
+        raise UserError(f"--ep {ep} must divide the tensor-parallel size {tp}.")
+    mesh = jax.sharding.Mesh(np.array(tpu.devices[:tp]).reshape(1, ep, tp // ep), ("data", "expert", "model"))
     model_path = resolve_model(request.model)
-    config = EngineConfig(model=model_path, dtype=request.dtype, max_model_len=request.max_model_len,
+    dtype, quantization = AOT_DTYPES[request.dtype]
+    config = EngineConfig(model=model_path, dtype=dtype, quantization=quantization, max_model_len=request.max_model_len,
                           max_num_seqs=request.max_num_seqs, max_num_batched_tokens=request.max_num_batched_tokens,
                           page_size=request.page_size, memory_fraction=request.memory_fraction,
-                          tensor_parallel_size=tp, attention="pallas", progress=False)
+                          tensor_parallel_size=tp, expert_parallel_size=ep, attention="pallas", progress=False)
     engine = Engine(config, abstract=True, mesh=mesh, defer_kv_cache=True)
     cfg, layout = engine.model_config, engine.layout
     decode_shape = engine.bucket_for(request.max_num_seqs)
@@ -149,6 +177,9 @@ def analyze(request: AotRequest) -> dict:
     cost = cost[0] if isinstance(cost, list) else cost
     traffic = hlo_traffic.measure(decode.as_text())
     kernel_bytes = kv_read + 2 * kv_written + q_and_out    # the update kernel reads new rows, writes them
+    experts = _expert_accounting(engine, decode_tokens)
+    if experts["in_pallas_kernels"]:
+        kernel_bytes += experts["bytes_read"]              # megablox reads the experts a step routes to
     est_bytes = traffic.hbm_bytes + kernel_bytes
     est_flops = float(cost.get("flops", 0.0)) + attention_flops
     ring = 2 * (tp - 1) / tp
@@ -159,9 +190,10 @@ def analyze(request: AotRequest) -> dict:
     embed = engine.params["embed"]
     embed_bytes = _per_device_bytes(embed)
     embed_rows_read = decode_tokens * cfg.hidden_size * itemsize
-    roofline_bytes = weights - embed_bytes + embed_rows_read + kv_read + kv_written
-    matmul_params = (weights - embed_bytes) / itemsize
-    roofline_flops = 2 * matmul_params * decode_tokens + attention_flops
+    # Every weight once, except the experts no token is routed to
+    roofline_bytes = weights - embed_bytes - experts["bytes"] + experts["bytes_read"] + embed_rows_read + kv_read + kv_written
+    matmul_params = _per_device_elements(engine.params) - _per_device_elements(embed) - experts["elements"]
+    roofline_flops = 2 * matmul_params * decode_tokens + experts["flops"] + attention_flops
     roofline_s = max(roofline_bytes / bandwidth, roofline_flops / peak)
 
     xla_bytes = float(cost.get("bytes accessed", 0.0))
@@ -191,6 +223,7 @@ def analyze(request: AotRequest) -> dict:
         "decode_accounting_per_chip": {
             "hbm_bytes_xla_ops": traffic.hbm_bytes * per_chip, "hbm_bytes_pallas_kernels": kernel_bytes * per_chip,
             "pallas_calls": len(traffic.custom_calls), "flops": est_flops * per_chip,
+            "expert_share_read": experts["touched"],
             "ici_bytes": traffic.ici_bytes * per_chip, "collectives": traffic.collectives,
             "ici_s": est_ici_s, "roofline_bytes": roofline_bytes * per_chip, "roofline_flops": roofline_flops * per_chip,
             "bound": "memory" if est_bytes / bandwidth >= est_flops / peak else "compute",
@@ -231,7 +264,8 @@ def _header(request: AotRequest, tpu, engine: Engine, tp: int) -> dict:
     """What was analysed: the leading keys of every report."""
     return {"model": str(engine.config.model), "architecture": engine.model_config.architecture,
             "topology": tpu.name, "chip": tpu.chip.generation, "chips": tp // tpu.devices_per_chip,
-            "tensor_parallel_size": tp, "dtype": request.dtype, "max_model_len": request.max_model_len,
+            "tensor_parallel_size": tp, "expert_parallel_size": request.expert_parallel_size, "dtype": request.dtype,
+            "max_model_len": request.max_model_len,
             "max_num_seqs": request.max_num_seqs, "max_num_batched_tokens": request.max_num_batched_tokens,
             "page_size": request.page_size}
 

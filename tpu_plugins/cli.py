@@ -27,6 +27,7 @@ def _cmd_aot(args: argparse.Namespace) -> int:
     from tpu_plugins import aot
 
     request = aot.AotRequest(model=args.model, topology=args.topology, tensor_parallel_size=args.tp,
+                             expert_parallel_size=args.ep,
                              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                              max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
                              dtype=args.dtype, memory_fraction=args.memory_fraction)
@@ -49,14 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with abstract weights (a config.json is enough) and report HBM use and the "
                                    "estimated decode step against the roofline.")
     p.add_argument("--model", required=True, help="model folder, config.json, or a shipped config: "
-                   "Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B, Qwen3-32B, Mistral-7B")
+                   "Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B, Qwen3-32B, Mistral-7B, Qwen3-30B-A3B, Mixtral-8x7B")
     p.add_argument("--topology", required=True, help="libtpu's slice name, e.g. v5e:2x2, v5p:2x2x1, v6e:2x2, tpu7x:2x2x1")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every device of the slice)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size for mixture-of-experts models: how many "
+                   "of the TP devices split the experts (default 1: experts split by intermediate size)")
     p.add_argument("--max-model-len", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int, required=True)
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="prefill chunk (default 512)")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32; int8 is not supported yet")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32, or int8 (int8 weights, one "
+                   "scale per output channel, bf16 activations and KV cache)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="share of HBM the engine may use (default 0.9)")
     p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     p.set_defaults(func=_cmd_aot)

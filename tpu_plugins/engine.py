@@ -42,11 +42,12 @@ from tpu_plugins import chips, compile_stats, kv_cache, runtime, sampling, setti
 from tpu_plugins.errors import UserError
 from tpu_plugins.loader import abstract_params, load_params
 from tpu_plugins.mesh import MeshShape, make_mesh
-from tpu_plugins.models import decoder
+from tpu_plugins.models import decoder, moe
 from tpu_plugins.kernels.ragged_attention import BlockSizes
 from tpu_plugins.models.attention import IMPLEMENTATIONS, AttentionSpec
 from tpu_plugins.models.config import ModelConfig
 from tpu_plugins.models.rope import inverse_frequencies
+from tpu_plugins.quantization import check_method, checkpoint_method
 from tpu_plugins.sharding import head_layout
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,11 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None           # default: from memory_fraction
     memory_fraction: float = 0.9           # of device memory (TPU HBM); on CPU of a host-memory share
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1          # chips the model is split over (attention heads, vocabulary)
+    expert_parallel_size: int = 1          # of those, how many split the experts (divides the TP size)
     attention: str = "auto"                # "auto", "reference" or "pallas"
+    moe: str = "auto"                      # experts' grouped matmul: "auto", "reference" or "megablox"
+    quantization: str | None = None        # "int8": quantize float linear weights at load time
     compile_cache_dir: Path | None = None  # default: $TPU_PLUGINS_CACHE/jax-compile
     progress: bool = True
     prompt_logprobs: bool = False          # also warm up the all-token-logits programs
@@ -157,10 +161,12 @@ class Engine:
             raise UserError(f"dtype {config.dtype!r} is not supported; use one of: float32, bfloat16.")
         self.dtype = DTYPES[config.dtype]
         self.max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
+        # int8 when asked to quantize, or when the checkpoint already is (compressed-tensors)
+        self.quantization = check_method(config.quantization) or checkpoint_method(cfg.hf)
         self._validate_config()
-        tp = config.tensor_parallel_size
-        self.mesh = mesh if mesh is not None else make_mesh(MeshShape(model=tp))
-        self.layout = head_layout(cfg, tp)
+        tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+        self.mesh = mesh if mesh is not None else make_mesh(MeshShape(expert=ep, model=tp // ep))
+        self.layout = head_layout(cfg, self.mesh.shape["expert"] * self.mesh.shape["model"])
         self.pages_per_seq = math.ceil(self.max_model_len / config.page_size)
         # The chip the programs are built for: a real TPU, or abstract TPU devices (AOT).
         device = self.mesh.devices.flat[0]
@@ -176,6 +182,14 @@ class Engine:
             implementation=impl,
             # JAX's tuned blocks for the target chip, per bucket; fixed ones in interpret mode on a CPU.
             block_sizes=None if on_tpu else BlockSizes(), device_kind=device.device_kind if on_tpu else None)
+        self.moe = None
+        if cfg.moe is not None:
+            moe_impl = config.moe if config.moe != "auto" else ("megablox" if on_tpu else "reference")
+            if moe_impl not in moe.IMPLEMENTATIONS:
+                raise UserError(f"moe={moe_impl!r} is not one of: auto, {', '.join(moe.IMPLEMENTATIONS)}.")
+            self.moe = moe.MoeSpec(num_experts=cfg.moe.num_experts, top_k=cfg.moe.experts_per_token,
+                                   norm_topk_prob=cfg.moe.norm_topk_prob, implementation=moe_impl,
+                                   interpret=moe_impl == "megablox" and not on_tpu)
         self.inv_freq = jnp.asarray(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         self.buckets = token_buckets(config.max_num_batched_tokens, config.min_token_bucket)
         compile_stats.install()
@@ -184,13 +198,13 @@ class Engine:
         self._placeholders: dict = {}
 
         if abstract:
-            self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh)
+            self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh, self.quantization)
         else:
             if weights is None and not path.is_dir():
                 raise UserError(f"{path} is not a model folder; weights are needed to run (a config.json alone is "
                                 "enough only for ahead-of-time compilation).")
             self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress,
-                                      tensors=weights)
+                                      tensors=weights, quantization=self.quantization)
         self._abstract = abstract
         self.kv_spec: kv_cache.KVCacheSpec | None = None
         self.kv_caches = None
@@ -211,6 +225,17 @@ class Engine:
                             f"{self.model_config.max_position_embeddings}")
         if not 0 < c.memory_fraction <= 1:
             problems.append(f"memory_fraction must be in (0, 1], got {c.memory_fraction}")
+        tp, ep = c.tensor_parallel_size, c.expert_parallel_size
+        if tp < 1 or ep < 1 or tp % ep:
+            problems.append(f"expert_parallel_size ({ep}) must divide tensor_parallel_size ({tp}); both >= 1")
+        elif (moe_cfg := self.model_config.moe) is not None:
+            if moe_cfg.num_experts % ep:
+                problems.append(f"the model's {moe_cfg.num_experts} experts do not divide over "
+                                f"expert_parallel_size={ep}; use a divisor of {moe_cfg.num_experts}")
+            if moe_cfg.intermediate_size % (tp // ep):
+                problems.append(f"the experts' intermediate size {moe_cfg.intermediate_size} does not divide over "
+                                f"{tp // ep} chips per expert group; use expert parallelism over more of the "
+                                "tensor-parallel chips")
         if problems:
             raise UserError("Invalid engine configuration: " + "; ".join(problems) + ".")
 
@@ -270,13 +295,17 @@ class Engine:
     def activation_bytes(self) -> int:
         """A rough upper bound of one step's live activations, reserved before sizing the cache."""
         cfg, c = self.model_config, self.config
-        per_token = 4 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3 + self.layout.num_heads * cfg.head_dim * 3)
+        mlp = cfg.intermediate_size
+        if cfg.moe is not None:   # every routed (token, expert) pair's rows, for the grouped matmuls
+            mlp = max(mlp, cfg.moe.experts_per_token * (cfg.moe.intermediate_size + cfg.hidden_size))
+        per_token = 4 * (cfg.hidden_size * 4 + mlp * 3 + self.layout.num_heads * cfg.head_dim * 3)
         return c.max_num_batched_tokens * per_token + c.max_num_seqs * self.layout.vocab_size * 4 * 4
 
     # -- the step --------------------------------------------------------------------------
     def _forward(self, params, kv_caches, batch, all_logits=False):
         return decoder.forward(params, kv_caches, batch, cfg=self.model_config, layout=self.layout,
-                               attn=self.attention, mesh=self.mesh, inv_freq=self.inv_freq, all_logits=all_logits)
+                               attn=self.attention, mesh=self.mesh, inv_freq=self.inv_freq, moe=self.moe,
+                               all_logits=all_logits)
 
     def bucket_for(self, num_tokens: int) -> tuple[int, int]:
         for b in self.buckets:

@@ -1,8 +1,9 @@
 """Weights: Hugging Face safetensors -> the decoder's parameter pytree, sharded on the mesh.
 
 Tensors are read one at a time from memory-mapped files, transposed to [in, out], padded for
-the head layout (sharding.py), cast, and placed straight onto their devices, so the host
-never holds a second full copy of the model. `param_shapes` gives the same tree abstractly
+the head layout (sharding.py), cast (or quantized to int8, quantization.py), and placed
+straight onto their devices, so the host never holds a second full copy of the model (a
+mixture-of-experts layer's experts are stacked per weight first: one layer's worth). `param_shapes` gives the same tree abstractly
 (shapes, dtypes, shardings) for ahead-of-time compilation with no weights at all.
 """
 
@@ -21,8 +22,9 @@ from tqdm import tqdm
 
 from tpu_plugins.errors import UserError
 from tpu_plugins.models.config import ModelConfig
+from tpu_plugins.quantization import QUANTIZED, Int8Weight, dequantize, quantize, unpack_int32
 from tpu_plugins.safetensors_io import iterate_tensors
-from tpu_plugins.sharding import RULES, HeadLayout
+from tpu_plugins.sharding import RULES, HeadLayout, scale_rule
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # HF tensor suffix inside a layer -> our name.
@@ -33,8 +35,18 @@ LAYER_NAMES = {
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
     "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
     "input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_attn_norm",
+    "mlp.gate.weight": "router", "block_sparse_moe.gate.weight": "router",     # Qwen3-MoE, Mixtral
 }
 GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+# One expert's projection in a checkpoint (Qwen3-MoE names, Mixtral's w1/w3/w2) -> our stacked weight.
+_EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight(_packed|_scale|_shape)?$")
+EXPERT_NAMES = {"gate_proj": "experts_gate", "w1": "experts_gate", "up_proj": "experts_up", "w3": "experts_up",
+                "down_proj": "experts_down", "w2": "experts_down"}
+# transformers 5 keeps a live model's experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I].
+FUSED_EXPERTS = {"mlp.experts.gate_up_proj": ("experts_gate", "experts_up"), "mlp.experts.down_proj": ("experts_down",)}
+# compressed-tensors stores a quantized linear as weight (int8) or weight_packed + weight_shape, and weight_scale.
+_PARTS = {"": "weight", "_packed": "packed", "_scale": "scale", "_shape": "shape"}
+_CT_SUFFIX = re.compile(r"^(.+\.weight)(_packed|_scale|_shape)$")
 
 
 def _query_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
@@ -60,7 +72,7 @@ def _kv_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) ->
 
 def transform(name: str, w: np.ndarray, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
     """HF layout -> ours for one tensor (before the dtype cast)."""
-    if name in ("q", "k", "v", "o", "gate", "up", "down", "lm_head"):
+    if name in ("q", "k", "v", "o", "gate", "up", "down", "lm_head", "router"):
         w = w.T
     if name in ("q", "q_bias"):
         w = _query_heads(w, w.ndim - 1, cfg, layout)
@@ -76,25 +88,42 @@ def transform(name: str, w: np.ndarray, cfg: ModelConfig, layout: HeadLayout) ->
     return w
 
 
+def transform_scale(name: str, scale: np.ndarray, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
+    """A per-output-channel scale [out] laid out like its weight's output axis."""
+    if name == "q":
+        return _query_heads(scale, 0, cfg, layout)
+    if name in ("k", "v"):
+        return _kv_heads(scale, 0, cfg, layout)
+    return scale
+
+
 def param_shapes(cfg: ModelConfig, layout: HeadLayout) -> dict:
     """The parameter tree as {name: shape}; layers as a list of such dicts."""
     D, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     H, G = layout.num_heads * hd, layout.num_kv_heads * hd
-    layer = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "gate": (D, I), "up": (D, I), "down": (I, D),
-             "input_norm": (D,), "post_attn_norm": (D,)}
+    attention = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "input_norm": (D,), "post_attn_norm": (D,)}
     if cfg.family.qkv_bias:
-        layer.update(q_bias=(H,), k_bias=(G,), v_bias=(G,))
+        attention.update(q_bias=(H,), k_bias=(G,), v_bias=(G,))
     if cfg.family.qk_norm:
-        layer.update(q_norm=(hd,), k_norm=(hd,))
-    tree = {"embed": (layout.vocab_size, D), "final_norm": (D,), "layers": [dict(layer) for _ in range(cfg.num_layers)]}
+        attention.update(q_norm=(hd,), k_norm=(hd,))
+    dense = {"gate": (D, I), "up": (D, I), "down": (I, D)}
+    if cfg.moe is not None:
+        E, Im = cfg.moe.num_experts, cfg.moe.intermediate_size
+        sparse = {"router": (D, E), "experts_gate": (E, D, Im), "experts_up": (E, D, Im), "experts_down": (E, Im, D)}
+    layers = [{**attention, **(sparse if cfg.is_moe_layer(i) else dense)} for i in range(cfg.num_layers)]
+    tree = {"embed": (layout.vocab_size, D), "final_norm": (D,), "layers": layers}
     if not cfg.tie_word_embeddings:
         tree["lm_head"] = (D, layout.vocab_size)
     return tree
 
 
-def abstract_params(cfg: ModelConfig, layout: HeadLayout, dtype, mesh) -> dict:
+def abstract_params(cfg: ModelConfig, layout: HeadLayout, dtype, mesh, quantization: str | None = None) -> dict:
     """ShapeDtypeStructs with shardings: the model for AOT compilation, no weights read."""
     def leaf(name, shape):
+        if quantization and name in QUANTIZED:
+            scale_shape = shape[:-2] + shape[-1:]
+            return Int8Weight(jax.ShapeDtypeStruct(shape, np.int8, sharding=NamedSharding(mesh, RULES[name])),
+                              jax.ShapeDtypeStruct(scale_shape, np.float32, sharding=NamedSharding(mesh, scale_rule(name))))
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, RULES[name]))
 
     tree = param_shapes(cfg, layout)
@@ -103,33 +132,134 @@ def abstract_params(cfg: ModelConfig, layout: HeadLayout, dtype, mesh) -> dict:
     return out
 
 
+def _parse(hf_name: str) -> tuple[int | None, str, int | None, str] | None:
+    """HF tensor name -> (layer, our name, expert, part), or None for tensors we do not use.
+    part: weight | packed | shape | scale (compressed-tensors pieces) | fused (all experts)."""
+    match = _LAYER.match(hf_name)
+    if not match:
+        ct = _CT_SUFFIX.match(hf_name)
+        base, part = (ct.group(1), _PARTS[ct.group(2)]) if ct else (hf_name, "weight")
+        name = GLOBAL_NAMES.get(base)
+        return (None, name, None, part) if name else None
+    index, suffix = int(match.group(1)), match.group(2)
+    if suffix in FUSED_EXPERTS:
+        return index, suffix, None, "fused"
+    expert = _EXPERT.match(suffix)
+    if expert:
+        name = EXPERT_NAMES.get(expert.group(2))
+        return (index, name, int(expert.group(1)), _PARTS[expert.group(3) or ""]) if name else None
+    ct = _CT_SUFFIX.match(suffix)
+    base, part = (ct.group(1), _PARTS[ct.group(2)]) if ct else (suffix, "weight")
+    name = LAYER_NAMES.get(base)
+    return (index, name, None, part) if name else None
+
+
+def _assemble(pieces: dict) -> np.ndarray | Int8Weight | None:
+    """One checkpoint weight from its pieces ([out, in] HF layout), or None while some are missing."""
+    if "packed" in pieces:
+        if "shape" not in pieces or "scale" not in pieces:
+            return None
+        shape = tuple(int(n) for n in np.asarray(pieces["shape"]).reshape(-1))
+        return Int8Weight(unpack_int32(pieces["packed"], shape), np.asarray(pieces["scale"], np.float32).reshape(-1))
+    w = pieces.get("weight")
+    if w is None:
+        return None
+    if w.dtype == np.int8:
+        if "scale" not in pieces:
+            return None
+        return Int8Weight(w, np.asarray(pieces["scale"], np.float32).reshape(-1))
+    return w
+
+
+def _transposed(w):
+    """HF [.., out, in] -> ours [.., in, out], for a float or an int8 weight."""
+    if isinstance(w, Int8Weight):
+        return Int8Weight(np.swapaxes(w.values, -1, -2), w.scale)
+    return np.swapaxes(w, -1, -2)
+
+
+class _Placer:
+    """Casts or quantizes one finished weight and puts it on its devices."""
+
+    def __init__(self, dtype, mesh, quantization: str | None):
+        self.dtype, self.mesh, self.quantization = dtype, mesh, quantization
+
+    def __call__(self, name: str, w, want: tuple[int, ...], hf_name: str):
+        shape = w.values.shape if isinstance(w, Int8Weight) else w.shape
+        if tuple(shape) != tuple(want):
+            raise UserError(f"{hf_name} has shape {tuple(shape)} after layout, which does not fit the config "
+                            f"(expected {tuple(want)}); the checkpoint and config.json disagree.")
+        if isinstance(w, Int8Weight) and name not in QUANTIZED:
+            w = dequantize(w)          # a checkpoint that quantized a weight we keep in float (e.g. lm_head)
+        elif self.quantization == "int8" and name in QUANTIZED and not isinstance(w, Int8Weight):
+            w = quantize(w)
+        if isinstance(w, Int8Weight):
+            return Int8Weight(jax.device_put(np.asarray(w.values, np.int8), NamedSharding(self.mesh, RULES[name])),
+                              jax.device_put(np.asarray(w.scale, np.float32), NamedSharding(self.mesh, scale_rule(name))))
+        return jax.device_put(np.asarray(w, dtype=self.dtype), NamedSharding(self.mesh, RULES[name]))
+
+
 def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh, progress: bool = True,
-                tensors: Iterable[tuple[str, Callable[[], np.ndarray]]] | None = None) -> dict:
+                tensors: Iterable[tuple[str, Callable[[], np.ndarray]]] | None = None,
+                quantization: str | None = None) -> dict:
     """Read, transform and place every weight; checks that nothing is missing or misshapen.
 
     `tensors` ((HF name, read) pairs) replaces reading `folder`: weights already in memory, such
-    as a transformers model's state dict."""
+    as a transformers model's state dict. `quantization="int8"` quantizes float linear weights
+    as they are placed; int8 weights of a compressed-tensors checkpoint are kept as they are.
+    A weight that arrives in several tensors (a quantized linear's values and scale, one
+    expert at a time) is placed once its last piece is read."""
     expected = param_shapes(cfg, layout)
     params: dict = {"layers": [{} for _ in range(cfg.num_layers)]}
+    place = _Placer(dtype, mesh, quantization)
+    pending: dict = {}      # (layer, name) -> {expert or None: {part: array}}
     tensors = list(iterate_tensors(Path(folder)) if tensors is None else tensors)
     for hf_name, read in tqdm(tensors, desc="Loading weights", unit="tensor", disable=not progress):
-        match = _LAYER.match(hf_name)
-        if match:
-            index, suffix = int(match.group(1)), match.group(2)
-            name = LAYER_NAMES.get(suffix)
-            if name is None or index >= cfg.num_layers or name not in expected["layers"][index]:
-                continue   # tensors we do not use (e.g. rotary caches some checkpoints carry)
-            slot, want = params["layers"][index], expected["layers"][index][name]
-        else:
-            name = GLOBAL_NAMES.get(hf_name)
-            if name is None or name not in expected:
+        parsed = _parse(hf_name)
+        if parsed is None:
+            continue   # tensors we do not use (e.g. rotary caches some checkpoints carry)
+        index, name, expert, part = parsed
+        if index is not None and index >= cfg.num_layers:
+            continue
+        want_tree = expected if index is None else expected["layers"][index]
+        slot = params if index is None else params["layers"][index]
+        if part == "fused":
+            w = np.asarray(read())
+            if name == "mlp.experts.gate_up_proj":
+                half = w.shape[1] // 2
+                for our, chunk in zip(FUSED_EXPERTS[name], (w[:, :half], w[:, half:])):
+                    if our in want_tree:
+                        slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name)
+            elif "experts_down" in want_tree:
+                slot["experts_down"] = place("experts_down", _transposed(w), want_tree["experts_down"], hf_name)
+            continue
+        if name not in want_tree:
+            continue
+        pieces = pending.setdefault((index, name), {}).setdefault(expert, {})
+        pieces[part] = read()
+        if expert is None:
+            w = _assemble(pieces)
+            if w is None:
                 continue
-            slot, want = params, expected[name]
-        w = transform(name, read(), cfg, layout)
-        if w.shape != tuple(want):
-            raise UserError(f"{hf_name} has shape {read().shape}, which does not fit the config "
-                            f"(expected {want} after layout); the checkpoint and config.json disagree.")
-        slot[name] = jax.device_put(np.asarray(w, dtype=dtype), NamedSharding(mesh, RULES[name]))
+            del pending[(index, name)]
+            if isinstance(w, Int8Weight):
+                w = Int8Weight(transform(name, w.values, cfg, layout), transform_scale(name, w.scale, cfg, layout))
+            else:
+                w = transform(name, w, cfg, layout)
+            slot[name] = place(name, w, want_tree[name], hf_name)
+            continue
+        experts = pending[(index, name)]
+        if len(experts) < cfg.moe.num_experts:
+            continue
+        assembled = [_assemble(experts.get(e, {})) for e in range(cfg.moe.num_experts)]
+        if any(w is None for w in assembled):
+            continue
+        del pending[(index, name)]
+        if all(isinstance(w, Int8Weight) for w in assembled):
+            w = Int8Weight(np.stack([np.swapaxes(w.values, 0, 1) for w in assembled]), np.stack([w.scale for w in assembled]))
+        else:
+            w = np.stack([np.swapaxes(dequantize(w) if isinstance(w, Int8Weight) else w, 0, 1) for w in assembled])
+        slot[name] = place(name, w, want_tree[name], hf_name)
     missing = [k for k in expected if k != "layers" and k not in params]
     missing += [f"layers.{i}.{k}" for i, layer in enumerate(expected["layers"]) for k in layer if k not in params["layers"][i]]
     if missing:

@@ -1,10 +1,17 @@
-"""Tensor parallelism as data: how each weight is laid out over the mesh's model axis.
+"""Tensor and expert parallelism as data: how each weight is laid out over the mesh.
 
-Heads, the MLP intermediate and the vocabulary are split over `model`. When the heads do not
-divide, whole GQA groups are padded with zero heads (a group = one KV head and the query
-heads that read it), so every chip holds the same number of complete groups and the
-attention kernel sees a uniform query-per-KV ratio. Zero query heads produce zero outputs and
-their rows of o_proj are zero, so results are unchanged; the cost is the padded heads' work.
+Heads, the MLP intermediate and the vocabulary are split over every chip of the slice: the
+`expert` and `model` mesh axes together (TP below; with no expert parallelism the expert axis
+has size 1 and this is plain tensor parallelism over `model`). A mixture-of-experts layer
+splits its experts over `expert` and each expert's intermediate over `model`, so a mesh of
+expert=E x model=M runs attention with tensor parallelism E*M and the experts with E-way
+expert parallelism (vLLM's --enable-expert-parallel is expert=TP, model=1).
+
+When the heads do not divide, whole GQA groups are padded with zero heads (a group = one KV
+head and the query heads that read it), so every chip holds the same number of complete
+groups and the attention kernel sees a uniform query-per-KV ratio. Zero query heads produce
+zero outputs and their rows of o_proj are zero, so results are unchanged; the cost is the
+padded heads' work.
 """
 
 from __future__ import annotations
@@ -15,22 +22,38 @@ from dataclasses import dataclass
 
 from jax.sharding import PartitionSpec as P
 
-from tpu_plugins.mesh import MODEL
+from tpu_plugins.mesh import EXPERT, MODEL
 from tpu_plugins.models.config import ModelConfig
 
-# Logical weight name -> how it is split. Weights are stored [in, out].
+TP = (EXPERT, MODEL)   # every chip: the axes heads, the dense MLP and the vocabulary are split over
+
+# Logical weight name -> how it is split. Weights are stored [in, out]; experts [expert, in, out].
 RULES: dict[str, P] = {
-    "embed": P(MODEL, None),        # [vocab, hidden]: vocabulary split
-    "lm_head": P(None, MODEL),      # [hidden, vocab]
-    "q": P(None, MODEL), "k": P(None, MODEL), "v": P(None, MODEL),   # heads split
-    "q_bias": P(MODEL), "k_bias": P(MODEL), "v_bias": P(MODEL),
-    "o": P(MODEL, None),            # [heads * head_dim, hidden]: contraction split, all-reduce after
-    "gate": P(None, MODEL), "up": P(None, MODEL),                      # intermediate split
-    "down": P(MODEL, None),
+    "embed": P(TP, None),           # [vocab, hidden]: vocabulary split
+    "lm_head": P(None, TP),         # [hidden, vocab]
+    "q": P(None, TP), "k": P(None, TP), "v": P(None, TP),   # heads split
+    "q_bias": P(TP), "k_bias": P(TP), "v_bias": P(TP),
+    "o": P(TP, None),               # [heads * head_dim, hidden]: contraction split, all-reduce after
+    "gate": P(None, TP), "up": P(None, TP),                # intermediate split
+    "down": P(TP, None),
     "input_norm": P(), "post_attn_norm": P(), "final_norm": P(), "q_norm": P(), "k_norm": P(),
+    "router": P(),                  # [hidden, experts]: every chip routes every token
+    "experts_gate": P(EXPERT, None, MODEL), "experts_up": P(EXPERT, None, MODEL),
+    "experts_down": P(EXPERT, MODEL, None),
 }
-KV_CACHE = P(None, None, MODEL, None)   # [pages, page_size, 2 * kv_heads, head_dim]: heads split
-HEADS = P(None, MODEL, None)            # activations [tokens, heads, head_dim]
+KV_CACHE = P(None, None, TP, None)   # [pages, page_size, 2 * kv_heads, head_dim]: heads split
+HEADS = P(None, TP, None)            # activations [tokens, heads, head_dim]
+
+
+def scale_rule(name: str) -> P:
+    """The split of an int8 weight's per-output-channel scale ([out], experts [expert, out]):
+    its weight's split without the contraction (input) axis."""
+    rule = RULES[name]
+    if name.startswith("experts_"):
+        axes = tuple(rule) + (None,) * (3 - len(rule))
+        return P(axes[0], axes[2])
+    axes = tuple(rule) + (None,) * (2 - len(rule))
+    return P(axes[1])
 
 
 @dataclass(frozen=True)

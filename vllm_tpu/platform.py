@@ -7,7 +7,10 @@ local chip through SPMD, and a KV cache of `--block-size` pages sized from the c
 
 Through vLLM's platform hooks:
   * `pre_register_and_update(parser)` re-adds `--device` (removed from vLLM in 0.10);
-  * `check_and_update_config` picks our worker, maps TP onto the mesh, checks the model;
+  * `check_and_update_config` picks our worker, maps TP (and --enable-expert-parallel) onto
+    the mesh, checks the model and its quantization;
+  * `supported_quantization` plus `pre_register_and_update` registering `--quantization int8`
+    through vLLM's out-of-tree quantization hook (quantization.py);
   * `validate_request` rejects sampling options the core does not implement, as HTTP 400.
 
 Patch points, each small and named where no hook exists: `ModelConfig.verify_with_parallel_config`
@@ -31,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_QUALNAME = "vllm_tpu.worker.TpuWorker"
 TP_KEY = "tpu_plugins_tensor_parallel_size"   # where the user's TP size is kept (additional_config)
+EP_KEY = "tpu_plugins_expert_parallel_size"   # and how many of those chips split the experts
 
 
 def _device_choice(value: str) -> str:
@@ -85,13 +89,20 @@ class TpuPlatform(Platform):
     ray_device_key: str = ""
     device_control_env_var: str = "TPU_VISIBLE_CHIPS"
 
+    # int8: quantized by the core at load time; compressed-tensors: int8 checkpoints (the core
+    # checks the scheme and refuses others with what it supports).
+    supported_quantization: list[str] = ["int8", "compressed-tensors"]
+
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
         return [torch.bfloat16, torch.float32]
 
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:
+        from vllm_tpu import quantization
+
         _allow_tensor_parallel_with_padded_heads()
+        quantization.register()
         if parser is None:
             return
         try:
@@ -103,11 +114,14 @@ class TpuPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         from tpu_plugins.models.config import ModelConfig
+        from tpu_plugins.quantization import checkpoint_method
 
         parallel = vllm_config.parallel_config
         extra = vllm_config.additional_config
         if TP_KEY not in extra:   # first call: take the user's TP size for the mesh
             extra[TP_KEY] = parallel.tensor_parallel_size
+            # --enable-expert-parallel: the experts are split over all TP chips (vLLM's EP size = TP)
+            extra[EP_KEY] = parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
             if parallel.pipeline_parallel_size != 1:
                 config_error("--pipeline-parallel-size is not supported on TPU; use --tensor-parallel-size.")
         parallel.tensor_parallel_size = 1
@@ -127,7 +141,7 @@ class TpuPlatform(Platform):
         model = vllm_config.model_config
         if model is not None:
             try:
-                ModelConfig.from_hf(model.hf_config.to_dict())
+                checkpoint_method(ModelConfig.from_hf(model.hf_config.to_dict()).hf)
             except UserError as exc:
                 config_error(str(exc))
             if model.dtype not in (torch.bfloat16, torch.float32):

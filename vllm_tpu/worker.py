@@ -19,7 +19,7 @@ from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
 from vllm_tpu import request_errors
 from vllm_tpu.model_runner import TpuModelRunner
-from vllm_tpu.platform import TP_KEY
+from vllm_tpu.platform import EP_KEY, TP_KEY
 
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -73,6 +73,9 @@ class TpuWorker(WorkerBase):
             page_size=c.cache_config.block_size,
             memory_fraction=c.cache_config.gpu_memory_utilization,
             tensor_parallel_size=c.additional_config.get(TP_KEY, 1),
+            expert_parallel_size=c.additional_config.get(EP_KEY, 1),
+            # --quantization int8 quantizes at load; compressed-tensors checkpoints are read as they are
+            quantization="int8" if c.model_config.quantization == "int8" else None,
             prompt_logprobs=True,
         ), defer_kv_cache=True)
         self.model_runner = TpuModelRunner(self.engine)

@@ -1,8 +1,8 @@
 """ModelConfig: the architecture facts the core needs, read from a Hugging Face config.json.
 
-One decoder (models/decoder.py) serves every dense family; what differs between Llama,
-Mistral, Qwen2 and Qwen3 is data here (biases, q/k norms, sliding window), chosen by the
-`architectures` entry through the FAMILIES table.
+One decoder (models/decoder.py) serves every family; what differs between Llama, Mistral,
+Qwen2, Qwen3 and the mixture-of-experts Mixtral and Qwen3-MoE is data here (biases, q/k
+norms, sliding window, experts), chosen by the `architectures` entry through the FAMILIES table.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ class Family:
     qkv_bias: bool = False     # Qwen2: biases on q, k and v projections
     qk_norm: bool = False      # Qwen3: RMSNorm on each head's q and k before RoPE
     uses_sliding_window: bool = False  # Mistral/Qwen2 configs may set sliding_window
+    # Mixture of experts, and whether its top-k routing weights are renormalised when the
+    # config does not say.
+    moe: bool = False
+    norm_topk_default: bool = True
 
 
 # Keyed by the `architectures` entry of config.json.
@@ -28,7 +32,23 @@ FAMILIES: dict[str, Family] = {
     "MistralForCausalLM": Family(uses_sliding_window=True),
     "Qwen2ForCausalLM": Family(qkv_bias=True, uses_sliding_window=True),
     "Qwen3ForCausalLM": Family(qk_norm=True, uses_sliding_window=True),
+    "MixtralForCausalLM": Family(uses_sliding_window=True, moe=True),
+    # transformers' Qwen3MoeConfig defaults norm_topk_prob to False; released checkpoints set True.
+    "Qwen3MoeForCausalLM": Family(qk_norm=True, uses_sliding_window=True, moe=True,
+                                  norm_topk_default=False),
 }
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Top-k routed experts (no shared expert): softmax over every expert's router logit, keep
+    the k largest, renormalise them if `norm_topk_prob`, and sum the k experts' SwiGLU outputs."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int           # each expert's FFN width
+    norm_topk_prob: bool
+    dense_layers: tuple[int, ...] = ()   # layers with a plain MLP instead (Qwen3-MoE mlp_only_layers / sparse step)
 
 
 @dataclass(frozen=True)
@@ -60,11 +80,15 @@ class ModelConfig:
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()
+    moe: MoeConfig | None = None
     hf: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index not in self.moe.dense_layers
 
     @property
     def sm_scale(self) -> float:
@@ -100,6 +124,7 @@ class ModelConfig:
         window = hf.get("sliding_window") if family.uses_sliding_window else None
         if window is not None and hf.get("use_sliding_window") is False:
             window = None  # Qwen2/3 configs carry a window size but switch it off
+        moe = _moe_config(hf, family) if family.moe else None
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -121,6 +146,7 @@ class ModelConfig:
             attn_logit_softcap=hf.get("attn_logit_softcapping"),
             final_logit_softcap=hf.get("final_logit_softcapping"),
             eos_token_ids=eos_ids,
+            moe=moe,
             hf=hf,
         )
 
@@ -135,3 +161,21 @@ class ModelConfig:
             return cls.from_hf(json.loads(file.read_text()))
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise UserError(f"{file} is not a usable Hugging Face config ({type(exc).__name__}: {exc}).") from None
+
+
+def _moe_config(hf: dict, family: Family) -> MoeConfig:
+    # Released configs name the count num_experts (Qwen3-MoE) or num_local_experts (Mixtral);
+    # transformers 5 saves both families with num_local_experts.
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    if not experts:
+        raise UserError(f"{hf['architectures']} config has no expert count (num_experts or num_local_experts).")
+    experts, top_k = int(experts), int(hf["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise UserError(f"num_experts_per_tok={top_k} must be between 1 and the expert count {experts}.")
+    layers = hf["num_hidden_layers"]
+    step = int(hf.get("decoder_sparse_step") or 1)
+    dense = {i for i in range(layers) if (i + 1) % step} | set(hf.get("mlp_only_layers") or ())
+    return MoeConfig(num_experts=experts, experts_per_token=top_k,
+                     intermediate_size=int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
+                     norm_topk_prob=bool(hf.get("norm_topk_prob", family.norm_topk_default)),
+                     dense_layers=tuple(sorted(dense)))

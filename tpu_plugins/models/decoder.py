@@ -1,8 +1,10 @@
-"""The dense decoder shared by Llama, Mistral, Qwen2 and Qwen3, over a ragged token batch.
+"""The decoder shared by Llama, Mistral, Qwen2, Qwen3, Mixtral and Qwen3-MoE, over a ragged token batch.
 
-Parameters are a pytree of arrays stored [in, out] (see loader.py for the names). One call
-runs every layer for a flat batch of tokens from many sequences, writes their K/V into the
-paged cache and returns logits only for the rows in `logits_indices`.
+Parameters are a pytree of arrays stored [in, out] (see loader.py for the names); a linear
+weight may be an int8 `Int8Weight` (quantization.py). One call runs every layer for a flat
+batch of tokens from many sequences, writes their K/V into the paged cache and returns logits
+only for the rows in `logits_indices`. A layer with a `router` is a mixture-of-experts layer
+(moe.py); the others have a dense SwiGLU MLP.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before ja
 import jax
 import jax.numpy as jnp
 
-from tpu_plugins.models import attention
+from tpu_plugins.models import attention, moe as moe_layer
 from tpu_plugins.models.config import ModelConfig
 from tpu_plugins.models.rope import apply_rope
+from tpu_plugins.quantization import matmul
 from tpu_plugins.sharding import HeadLayout
 
 ACTIVATIONS = {
@@ -31,12 +34,12 @@ def rms_norm(x, weight, eps):
 
 
 def _project(x, w, b=None):
-    y = x @ w
+    y = matmul(x, w)
     return y if b is None else y + b
 
 
 def forward(params, kv_caches, batch, *, cfg: ModelConfig, layout: HeadLayout, attn: attention.AttentionSpec,
-            mesh, inv_freq, all_logits: bool = False):
+            mesh, inv_freq, moe: moe_layer.MoeSpec | None = None, all_logits: bool = False):
     """Returns (logits f32 [len(logits_indices), padded vocab], new kv_caches), and with
     `all_logits` also every token's logits [tokens, padded vocab] (for prompt log-probabilities)."""
     act = ACTIVATIONS[cfg.hf.get("hidden_act", "silu")]
@@ -58,9 +61,12 @@ def forward(params, kv_caches, batch, *, cfg: ModelConfig, layout: HeadLayout, a
             attn, mesh, q, k, v, cache, batch["slot_mapping"], batch["kv_lens"], batch["page_table"],
             batch["cu_q_lens"], batch["num_seqs"])
         new_caches.append(cache)
-        x = x + out.reshape(T, layout.num_heads * hd) @ layer["o"]
+        x = x + matmul(out.reshape(T, layout.num_heads * hd), layer["o"])
         h = rms_norm(x, layer["post_attn_norm"], cfg.rms_norm_eps)
-        x = x + (act(h @ layer["gate"]) * (h @ layer["up"])) @ layer["down"]
+        if "router" in layer:
+            x = x + moe_layer.experts(h, layer, moe, mesh, act)
+        else:
+            x = x + matmul(act(matmul(h, layer["gate"])) * matmul(h, layer["up"]), layer["down"])
     if all_logits:
         token_logits = _logits(params, x, cfg, layout)
         return token_logits[batch["logits_indices"]], token_logits, new_caches
