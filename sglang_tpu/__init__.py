@@ -4,8 +4,8 @@ Entry points:
   * `sglang.srt.platforms` -> `platform_plugin`: our SRTPlatform's qualified name when a TPU
     is attached, `--device tpu` is given, TPU_PLUGINS_DEVICE=tpu, or SGLANG_PLATFORM names
     this plugin; otherwise None.
-  * `sglang.srt.plugins` -> `general_plugin`: registers our hooks only when the platform is
-    ours; otherwise does nothing.
+  * `sglang.srt.plugins` -> `general_plugin`: registers our hooks and `--quantization int8`
+    only when the platform is ours; otherwise does nothing.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def general_plugin() -> None:
     try:
         if not _requested() or importlib.util.find_spec("sglang_tpu.hooks") is None:
             return
-        from sglang_tpu import hooks
+        from sglang_tpu import hooks, quantization
 
         hooks.register()
+        quantization.register()
     except Exception:
         logger.warning("tpu-plugins: registering SGLang hooks failed", exc_info=True)

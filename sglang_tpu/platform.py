@@ -72,11 +72,18 @@ class TpuSRTPlatform(SRTPlatform):
         # whole pages, which are the engine's pages (page size 1 makes attention walk tokens one by one).
         if server_args.page_size is None:
             server_args.page_size = DEFAULT_PAGE_SIZE
-        # --tp-size N is the core's mesh inside one worker, not N SGLang worker processes.
-        tp = server_args.tp_size or 1
+        # --tp-size N (and --ep-size M of those chips for the experts) is the core's mesh inside
+        # one worker, not N SGLang worker processes.
+        tp, ep = server_args.tp_size or 1, server_args.ep_size or 1
+        if tp % ep:
+            config_error(f"--ep-size {ep} must divide --tp-size {tp}: the experts are split over {ep} of the "
+                         f"{tp} tensor-parallel chips.")
         if tp > 1:
             settings.set_sglang_mesh_tp(tp)
             server_args.tp_size = 1
+        if ep > 1:
+            settings.set_sglang_mesh_ep(ep)
+            server_args.ep_size = 1
 
     def get_default_attention_backend(self) -> str:
         return "torch_native"    # never built: attention runs in the core engine

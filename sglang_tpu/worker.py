@@ -87,7 +87,9 @@ class TpuTpModelWorker(TpModelWorker):
             max_model_len=self.model_config.context_len, max_num_seqs=running,
             max_num_batched_tokens=max(chunk, running), page_size=page_size,
             memory_fraction=sched.mem_fraction_static or 0.9,
-            tensor_parallel_size=settings.sglang_mesh_tp(), progress=False,
+            tensor_parallel_size=settings.sglang_mesh_tp(), expert_parallel_size=settings.sglang_mesh_ep(),
+            # --quantization int8 quantizes at load; compressed-tensors checkpoints are read as they are
+            quantization="int8" if self.server_args.quantization == "int8" else None, progress=False,
             prompt_logprobs=True)   # any request may ask for prompt logprobs: warm those programs too
         self.engine = Engine(config, defer_kv_cache=True)
         pages = min(self.engine.budget_pages(), self.engine.max_useful_pages())

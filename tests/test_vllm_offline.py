@@ -98,19 +98,23 @@ if __name__ == "__main__":
 
 
 def generate_ids(sim_devices: int = 1, **llm_kwargs):
+    """(token ids per prompt, the engine's log line naming its mesh and weights)."""
     proc = subprocess.run([sys.executable, "-c", GENERATE_IDS, json.dumps(llm_kwargs)], capture_output=True, text=True,
                           timeout=600, cwd=REPO, env=clean_env(TPU_PLUGINS_DEVICE="tpu",
                                                                TPU_PLUGINS_SIM_DEVICES=str(sim_devices)))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    log = proc.stdout + proc.stderr
+    engine_line = next(line for line in log.splitlines() if "on a mesh of" in line)
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:]), engine_line
 
 
 def test_qwen3_moe_with_expert_parallelism_gives_transformers_tokens(tmp_path, demo_model_path):
     """--tensor-parallel-size 2 --enable-expert-parallel on a simulated 2-chip slice."""
     model = moe_int8_models.save(tmp_path, "qwen3_moe")
     prompts = token_prompts()
-    got = generate_ids(sim_devices=2, model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32",
-                       tensor_parallel_size=2, enable_expert_parallel=True, prompts=prompts)
+    got, engine = generate_ids(sim_devices=2, model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32",
+                               tensor_parallel_size=2, enable_expert_parallel=True, prompts=prompts)
+    assert "{'data': 1, 'expert': 2, 'model': 1}" in engine
     assert got == [hf_greedy(model, p, 12, stop_at_eos=False) for p in prompts]
 
 
@@ -119,8 +123,9 @@ def test_mixtral_with_int8_quantization_gives_transformers_tokens_of_the_rounded
     the same way (per output channel) is the reference."""
     model = moe_int8_models.save(tmp_path, "mixtral")
     prompts = token_prompts()
-    got = generate_ids(model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32", quantization="int8",
-                       prompts=prompts)
+    got, engine = generate_ids(model=str(tmp_path), tokenizer=str(demo_model_path), dtype="float32",
+                               quantization="int8", prompts=prompts)
+    assert "weights float32 + int8" in engine
     assert got == [hf_greedy(int8_rounded(model), p, 12, stop_at_eos=False) for p in prompts]
 
 
@@ -136,7 +141,9 @@ def test_compressed_tensors_int8_checkpoint_is_served_as_the_core_serves_it(tmp_
     moe_int8_models.save(tmp_path / "float", "llama")
     write_int8_checkpoint(tmp_path / "float", tmp_path / "int8", "pack-quantized")
     prompts = token_prompts()
-    got = generate_ids(model=str(tmp_path / "int8"), tokenizer=str(demo_model_path), dtype="bfloat16", prompts=prompts)
+    got, log = generate_ids(model=str(tmp_path / "int8"), tokenizer=str(demo_model_path), dtype="bfloat16",
+                            prompts=prompts)
+    assert "weights bfloat16 + int8" in log
     engine = Engine(EngineConfig(model=tmp_path / "int8", dtype="bfloat16", max_model_len=128, max_num_seqs=4,
                                  max_num_batched_tokens=64, progress=False))
     assert engine.quantization == "int8"

@@ -206,11 +206,18 @@ class Engine:
             self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress,
                                       tensors=weights, quantization=self.quantization)
         self._abstract = abstract
+        logger.info("tpu-plugins: %s", self.describe())
         self.kv_spec: kv_cache.KVCacheSpec | None = None
         self.kv_caches = None
         self._step = jax.jit(self._forward, donate_argnums=(1,), static_argnames=("all_logits",))
         if not defer_kv_cache:
             self.allocate_kv_cache(config.num_pages or min(self.max_useful_pages(), self.budget_pages()))
+
+    def describe(self) -> str:
+        """One line for start-up logs: what runs where."""
+        return (f"{self.model_config.architecture} on a mesh of {dict(self.mesh.shape)}, weights {self.config.dtype}"
+                f"{' + int8' if self.quantization else ''}, attention {self.attention.implementation}"
+                f"{f', experts {self.moe.implementation}' if self.moe else ''}")
 
     # -- configuration -------------------------------------------------------------------
     def _validate_config(self) -> None:

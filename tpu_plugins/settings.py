@@ -66,9 +66,11 @@ def set_xla_flags(value: str) -> None:
     os.environ["XLA_FLAGS"] = value
 
 
-# SGLang's --tp-size, moved onto the core's mesh: SGLang itself runs one worker process, which
-# reads the size from here (the platform sets it in SGLang's launcher; its children inherit it).
+# SGLang's --tp-size and --ep-size, moved onto the core's mesh: SGLang itself runs one worker
+# process, which reads the sizes from here (the platform sets them in SGLang's launcher; its
+# children inherit them).
 SGLANG_MESH_TP = "TPU_PLUGINS_SGLANG_TP_SIZE"
+SGLANG_MESH_EP = "TPU_PLUGINS_SGLANG_EP_SIZE"
 
 
 def sglang_mesh_tp() -> int:
@@ -77,6 +79,14 @@ def sglang_mesh_tp() -> int:
 
 def set_sglang_mesh_tp(value: int) -> None:
     os.environ[SGLANG_MESH_TP] = str(value)
+
+
+def sglang_mesh_ep() -> int:
+    return _int_env(SGLANG_MESH_EP, 1) or 1
+
+
+def set_sglang_mesh_ep(value: int) -> None:
+    os.environ[SGLANG_MESH_EP] = str(value)
 
 
 ACCELERATE_DEVICE = "ACCELERATE_TORCH_DEVICE"   # Accelerate's own device switch

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
@@ -22,6 +23,8 @@ from vllm_tpu.model_runner import TpuModelRunner
 from vllm_tpu.platform import EP_KEY, TP_KEY
 
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+# Under vLLM's logger namespace, so the line appears in vLLM's own start-up log.
+logger = init_logger("vllm.tpu_plugins")
 
 
 def _model_folder(model: str) -> Path:
@@ -78,6 +81,7 @@ class TpuWorker(WorkerBase):
             quantization="int8" if c.model_config.quantization == "int8" else None,
             prompt_logprobs=True,
         ), defer_kv_cache=True)
+        logger.info("tpu-plugins engine: %s", self.engine.describe())
         self.model_runner = TpuModelRunner(self.engine)
 
     def get_kv_cache_spec(self) -> dict:
