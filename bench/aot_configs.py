@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import aot_report  # noqa: E402
 SLICES = {   # model -> slice per generation
     "Llama-3.1-8B": ("v5e:2x2", "v6e:2x2", "tpu7x:2x2x1"),
     "Mistral-7B": ("v5e:2x2", "v6e:2x2", "tpu7x:2x2x1"),
@@ -29,12 +30,7 @@ ANCHOR = {"model": "Llama-3.1-8B", "topology": "v6e:2x2", "max_model_len": 1024,
 
 
 def run_case(model: str, topology: str, max_model_len: int, max_num_seqs: int) -> dict:
-    proc = subprocess.run([str(BIN / "tpu-plugins"), "aot", "--model", model, "--topology", topology,
-                           "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), "--json"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"aot failed for {model} on {topology}:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
+    return aot_report(model, topology, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
 
 
 def main() -> None:

@@ -4,7 +4,9 @@
 
 CPU benchmarks (the JAX CPU backend standing in for the TPU, each against its peer in the same
 script): engine vs transformers (engine_throughput.py), vLLM serving (vllm_serving.py), SGLang
-serving (sglang_serving.py) and transformers generate on "tpu" vs torch CPU (hf_generate.py).
+serving (sglang_serving.py), transformers generate on "tpu" vs torch CPU (hf_generate.py), int8
+vs bf16 weights (int8_weights.py) and mixture of experts (moe.py; both also compile TPU slices
+ahead of time).
 `--only SCRIPT ...` reruns some and takes the others' figures from their logs.
 TPU estimates: `tpu-plugins aot` for the shipped configs on v5e, v6e and v7 slices
 (aot_configs.py). Each benchmark's output is kept in bench/logs/.
@@ -28,7 +30,10 @@ CPU_BENCHMARKS = {   # script -> what it compares
     "vllm_serving.py": "vllm serve --device tpu under vllm bench serve",
     "sglang_serving.py": "sglang.launch_server --device tpu under sglang.bench_serving",
     "hf_generate.py": "transformers generate on device_map='tpu' vs on CPU",
+    "int8_weights.py": "int8 vs bf16 weights: SmolLM2 accuracy and CPU decode, Llama-3.1-8B HBM on v5e/v6e (aot)",
+    "moe.py": "MoE engine vs transformers generate (random Qwen3-MoE), Qwen3-30B-A3B / Mixtral-8x7B on v6e (aot)",
 }
+WHOLE_OUTPUT = {"int8_weights.py", "moe.py"}   # their whole output is the result table
 
 
 def last_line_values(text: str) -> dict:
@@ -218,7 +223,7 @@ def main() -> None:
             if text:
                 cpu[script] = last_line_values(text)
                 serving[script] = serving_rows(text)
-                tables[script] = table_lines(text)
+                tables[script] = text.strip().splitlines() if script in WHOLE_OUTPUT else table_lines(text)
     aot_json = LOGS / "aot_configs.json"
     if not (args.reuse_aot and aot_json.exists()):
         run("aot_configs.py", "--json", str(aot_json))

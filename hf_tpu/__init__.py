@@ -8,7 +8,8 @@ the user opted in (TPU_PLUGINS_DEVICE=tpu, `--device tpu`), or when a program ca
 Layout: tensor.py (TpuTensor), dispatch.py (aten ops -> JAX), torchax_ops.py (the lowering
 table), torch_device.py (the device and torch.tpu), dynamo_backend.py (torch.compile backend
 "tpu"), generation.py (generate() on the core engine), memory.py (device_map="auto"),
-placement.py (device-map checks), patches.py (where transformers / accelerate are wrapped).
+placement.py (device-map checks), quantization.py (int8 weights: Int8Config), patches.py (where
+transformers / accelerate are wrapped).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def _supported_model(model):
 
 
 def _weights_of(model) -> list:
-    return [p._elem for p in model.parameters() if isinstance(p, TpuTensor)]
+    return [p._elem for p in model.parameters() if isinstance(p, TpuTensor)]   # int8 values and scales included
 
 
 def _generator(model, model_config, need_tokens: list[int]):
@@ -191,7 +191,9 @@ def _generator(model, model_config, need_tokens: list[int]):
     state = model.state_dict()
 
     def reader(tensor):
-        return lambda: np.asarray(tensor._elem) if isinstance(tensor, TpuTensor) else tensor.detach().float().numpy()
+        if isinstance(tensor, TpuTensor):
+            return lambda: np.asarray(tensor._elem)
+        return lambda: tensor.detach().numpy() if tensor.dtype == torch.int8 else tensor.detach().float().numpy()
 
     from tpu_plugins import runtime
 

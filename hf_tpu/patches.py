@@ -10,6 +10,9 @@ function each:
   naming "tpu" is checked (device exists, dtype, fits in memory) before weights load
   (hf_tpu/placement.py).
 
+And one registration through transformers' own hook, done when its module loads:
+- the "tpu_int8" quantizer (`quantization_config=Int8Config()`, hf_tpu/quantization.py).
+
 Each patch is applied the moment its module is imported (a post-import hook on sys.meta_path),
 or at once when it already is, so `import torch` stays free of transformers and accelerate.
 """
@@ -44,7 +47,16 @@ def _patch_device_map_check():
     placement.install()
 
 
+def _register_int8_quantizer():
+    from hf_tpu import quantization
+
+    if hasattr(quantization, "register"):   # else hf_tpu.quantization is importing and registers at its end
+        quantization.register()
+
+
 PATCHES = {
+    # not a patch: transformers' own registration of an out-of-tree quantizer, once it loads
+    "transformers.quantizers": _register_int8_quantizer,
     "transformers.modeling_utils": _patch_device_map_check,
     "transformers.generation.utils": _patch_generate,
     "accelerate.utils.modeling": _patch_accelerate_memory,

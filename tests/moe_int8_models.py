@@ -26,14 +26,22 @@ def save(folder, name: str):
     return save_random_model(folder, spec.pop("model_type"), **spec)
 
 
+def engine_config(folder, **overrides):
+    from tpu_plugins.engine import EngineConfig
+
+    return EngineConfig(**{**dict(model=folder, dtype="float32", max_model_len=128, max_num_seqs=4,
+                                  max_num_batched_tokens=32, page_size=8, progress=False), **overrides})
+
+
 def token_prompts(vocab: int = 512) -> list[list[int]]:
     rng = np.random.default_rng(1)
     return [rng.integers(3, vocab, size=n).tolist() for n in (21, 5, 40)]
 
 
-def int8_rounded(model):
+def int8_rounded(model, experts: bool = True):
     """A copy of a transformers model whose linear weights (not embeddings, LM head or MoE
-    router) are rounded as --quantization int8 rounds them: per output channel, 127 steps."""
+    router) are rounded as --quantization int8 rounds them: per output channel, 127 steps.
+    `experts=False` leaves the MoE experts as they are (the HF path's Int8Config)."""
     import torch
 
     from tpu_plugins import quantization
@@ -41,7 +49,26 @@ def int8_rounded(model):
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for name, p in rounded.named_parameters():
-            if p.dim() >= 2 and not any(s in name for s in ("embed_tokens", "lm_head", "mlp.gate.weight")):
+            skip = ("embed_tokens", "lm_head", "mlp.gate.weight") + (() if experts else (".experts.",))
+            if p.dim() >= 2 and not any(s in name for s in skip):
                 w = np.swapaxes(p.numpy(), -1, -2)                      # [.., in, out]
                 p.copy_(torch.tensor(np.swapaxes(quantization.dequantize(quantization.quantize(w)), -1, -2)))
     return rounded
+
+
+def assert_engine_matches_transformers(engine, reference, max_tokens: int) -> None:
+    """The engine's greedy tokens and prompt log-probabilities on token_prompts() equal the
+    transformers model's (fp32: tokens identical, log-probabilities within 2e-3)."""
+    import torch
+    from conftest import hf_greedy, hf_last_logits
+
+    from tpu_plugins.offline import GenerationParams, OfflineGenerator
+
+    prompts = token_prompts()
+    outs = OfflineGenerator(engine).generate(prompts, GenerationParams(max_tokens=max_tokens, ignore_eos=True,
+                                                                       prompt_logprobs=0))
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(reference, prompt, max_tokens, stop_at_eos=False)
+        ref = torch.log_softmax(torch.tensor(hf_last_logits(reference, prompt)), -1).numpy()
+        want = ref[np.arange(len(prompt) - 1), prompt[1:]]
+        assert np.abs(np.array(out.prompt_logprobs[1:]) - want).max() < 2e-3

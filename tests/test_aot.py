@@ -22,7 +22,8 @@ from tpu_plugins.kernels.ragged_attention import write_kv
 
 CLI = [str(Path(sys.executable).with_name("tpu-plugins"))]
 # Published parameter counts (billions) of the shipped configs.
-PUBLISHED_PARAMS = {"Llama-3.1-8B": 8.03, "Llama-3.1-70B": 70.55, "Qwen3-8B": 8.19, "Qwen3-32B": 32.76, "Mistral-7B": 7.25}
+PUBLISHED_PARAMS = {"Llama-3.1-8B": 8.03, "Llama-3.1-70B": 70.55, "Qwen3-8B": 8.19, "Qwen3-32B": 32.76, "Mistral-7B": 7.25,
+                    "Qwen3-30B-A3B": 30.53, "Mixtral-8x7B": 46.70}
 
 
 def run_aot(*args):
@@ -33,8 +34,10 @@ def param_count(hf: dict) -> int:
     h, i, v, L = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"], hf["num_hidden_layers"]
     d = hf.get("head_dim", h // hf["num_attention_heads"])
     attn = h * d * (2 * hf["num_attention_heads"] + 2 * hf["num_key_value_heads"])
-    norms = 2 * h + (2 * d if hf["model_type"] == "qwen3" else 0)
-    return v * h * (1 if hf["tie_word_embeddings"] else 2) + L * (attn + 3 * h * i + norms) + h
+    norms = 2 * h + (2 * d if hf["model_type"] in ("qwen3", "qwen3_moe") else 0)
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    mlp = experts * (3 * h * hf.get("moe_intermediate_size", i) + h) if experts else 3 * h * i   # + router
+    return v * h * (1 if hf["tie_word_embeddings"] else 2) + L * (attn + mlp + norms) + h
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
@@ -105,6 +108,42 @@ def test_every_pallas_kernel_the_engine_uses_compiles_for_the_chip(tmp_path, top
     assert report["decode_accounting_per_chip"]["pallas_calls"] == 2 * 2   # two kernels per layer
     assert set(report["programs"]) == {"decode", "prefill"}
     assert report["fits"] is True
+
+
+def test_int8_llama_8b_on_v6e_halves_the_linear_weights_per_chip(llama8b_v6e):
+    """--dtype int8: linear weights 1 byte plus a float32 scale per output channel; embedding,
+    LM head and norms stay bf16. Computed from the config, not from the engine."""
+    proc = run_aot("--model", "Llama-3.1-8B", "--topology", "v6e:2x2", "--tp", "4", "--max-model-len", "2048",
+                   "--max-num-seqs", "16", "--dtype", "int8", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    hf = json.loads((aot.REFERENCE_CONFIGS / "Llama-3.1-8B.json").read_text())
+    h, L, v = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    q, kv = hf["num_attention_heads"] * 128, hf["num_key_value_heads"] * 128
+    outputs = q + 2 * kv + h + 2 * hf["intermediate_size"] + h          # output channels of the 7 linears
+    linear = param_count(hf) - 2 * v * h - L * 2 * h - h
+    int8_bytes = linear + 4 * L * outputs + 2 * (2 * v * h + L * 2 * h + h)
+    # q/k/v/gate/up scales split with their columns, o/down scales are on every chip
+    replicated_scales = 4 * L * 2 * h * 3 / 4
+    assert r["hbm_breakdown_per_chip"]["weights"] == pytest.approx(int8_bytes / 4 + replicated_scales, rel=2e-3)
+    bf16 = llama8b_v6e
+    assert r["hbm_breakdown_per_chip"]["weights"] < 0.6 * bf16["hbm_breakdown_per_chip"]["weights"]
+    assert r["kv_cache_tokens"] > bf16["kv_cache_tokens"]
+    assert r["est_decode_step_s"] < bf16["est_decode_step_s"] and r["fits"] is True
+
+
+@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1"])
+def test_megablox_experts_compile_for_the_chip(tmp_path, topology):
+    """Mosaic compiles the engine's MoE step (megablox gmm: gate, up, down per layer) for the chip."""
+    config = json.loads((aot.REFERENCE_CONFIGS / "Qwen3-30B-A3B.json").read_text())
+    config.update(num_hidden_layers=2, vocab_size=4096, num_experts=16)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    report = aot.analyze(aot.AotRequest(model=str(tmp_path), topology=topology, max_model_len=1024, max_num_seqs=8,
+                                        max_num_batched_tokens=256))
+    assert report["decode_accounting_per_chip"]["pallas_calls"] == 2 * (2 + 3)   # attention kernels + 3 gmm
+    assert set(report["programs"]) == {"decode", "prefill"} and report["fits"] is True
+    touched = 1 - (1 - 1 / 16) ** (8 * 8)
+    assert report["decode_accounting_per_chip"]["expert_share_read"] == pytest.approx(touched)
 
 
 def test_bad_topology_names_the_valid_ones():

@@ -2,23 +2,17 @@
 transformers (fp32), the megablox kernel against XLA's ragged_dot, and expert parallelism on
 a simulated 4-chip slice."""
 
+import moe_int8_models
 import numpy as np
 import pytest
-import torch
-import moe_int8_models
-from conftest import hf_greedy, hf_last_logits, run_json
-from moe_int8_models import MODELS, token_prompts
+from conftest import hf_greedy, run_json
+from moe_int8_models import MODELS, assert_engine_matches_transformers, engine_config, token_prompts
 
-from tpu_plugins.engine import Engine, EngineConfig
+from tpu_plugins.engine import Engine
 from tpu_plugins.errors import UserError
 from tpu_plugins.offline import GenerationParams, OfflineGenerator
 
 MOE_MODELS = ("qwen3_moe", "mixtral")
-
-
-def engine_config(folder, **overrides):
-    return EngineConfig(**{**dict(model=folder, dtype="float32", max_model_len=128, max_num_seqs=4,
-                                  max_num_batched_tokens=32, page_size=8, progress=False), **overrides})
 
 
 @pytest.fixture(scope="module", params=MOE_MODELS)
@@ -33,13 +27,7 @@ def test_moe_model_matches_transformers(moe_model):
     assert engine.model_config.moe is not None and engine.moe.implementation == "reference"
     if name == "qwen3_moe":
         assert "router" not in engine.params["layers"][1] and "router" in engine.params["layers"][2]
-    batch = token_prompts()
-    outs = OfflineGenerator(engine).generate(batch, GenerationParams(max_tokens=24, ignore_eos=True, prompt_logprobs=0))
-    for prompt, out in zip(batch, outs):
-        assert out.token_ids == hf_greedy(model, prompt, 24, stop_at_eos=False)
-        ref = torch.log_softmax(torch.tensor(hf_last_logits(model, prompt)), -1).numpy()
-        want = ref[np.arange(len(prompt) - 1), prompt[1:]]
-        assert np.abs(np.array(out.prompt_logprobs[1:]) - want).max() < 2e-3
+    assert_engine_matches_transformers(engine, model, 24)
 
 
 def test_live_transformers_model_weights_with_fused_experts(moe_model):
@@ -79,8 +67,8 @@ EP_RUN = """
 import json, sys, tempfile, numpy as np
 sys.path.insert(0, "tests")
 from conftest import hf_greedy
-from moe_int8_models import save, token_prompts
-from test_moe import MOE_MODELS, engine_config
+from moe_int8_models import engine_config, save, token_prompts
+from test_moe import MOE_MODELS
 from tpu_plugins.engine import Engine
 from tpu_plugins.offline import GenerationParams, OfflineGenerator
 result = {}

@@ -4,27 +4,22 @@ at load time (against transformers running the same rounded weights), and SmolLM
 
 import json
 
+import moe_int8_models
 import numpy as np
 import pytest
 import torch
-import moe_int8_models
-from conftest import PROMPTS, chat_prompt_ids, hf_greedy, hf_last_logits
+from conftest import PROMPTS, chat_prompt_ids, hf_greedy
 from ct_int8_checkpoint import write_int8_checkpoint
-from moe_int8_models import int8_rounded, token_prompts
+from moe_int8_models import assert_engine_matches_transformers, engine_config, int8_rounded, token_prompts
 from transformers import AutoModelForCausalLM
 
 from tpu_plugins import quantization
-from tpu_plugins.engine import Engine, EngineConfig
+from tpu_plugins.engine import Engine
 from tpu_plugins.errors import UserError
 from tpu_plugins.offline import GenerationParams, OfflineGenerator
 from tpu_plugins.quantization import Int8Weight
 
 MODELS = ("llama", "qwen3_moe")
-
-
-def engine_config(folder, **overrides):
-    return EngineConfig(**{**dict(model=folder, dtype="float32", max_model_len=128, max_num_seqs=4,
-                                  max_num_batched_tokens=32, page_size=8, progress=False), **overrides})
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -69,13 +64,7 @@ def test_compressed_tensors_checkpoint_matches_transformers_loading_it(float_mod
     assert not isinstance(engine.params["embed"], Int8Weight) and not isinstance(engine.params["lm_head"], Int8Weight)
     if name == "qwen3_moe":
         assert isinstance(layer["experts_down"], Int8Weight) and not isinstance(layer["router"], Int8Weight)
-    batch = token_prompts()
-    outs = OfflineGenerator(engine).generate(batch, GenerationParams(max_tokens=16, ignore_eos=True, prompt_logprobs=0))
-    for prompt, out in zip(batch, outs):
-        assert out.token_ids == hf_greedy(reference, prompt, 16, stop_at_eos=False)
-        ref = torch.log_softmax(torch.tensor(hf_last_logits(reference, prompt)), -1).numpy()
-        want = ref[np.arange(len(prompt) - 1), prompt[1:]]
-        assert np.abs(np.array(out.prompt_logprobs[1:]) - want).max() < 2e-3
+    assert_engine_matches_transformers(engine, reference, 16)
 
 
 def test_quantizing_at_load_matches_transformers_with_the_same_rounding(float_model):

@@ -28,13 +28,19 @@ if __name__ == "__main__":
 """
 
 
-def generate(sim_devices: int = 1, **llm_kwargs):
-    proc = subprocess.run([sys.executable, "-c", GENERATE, json.dumps(llm_kwargs)], capture_output=True, text=True,
+def run_llm(script: str, sim_devices: int, llm_kwargs: dict) -> tuple[list, str]:
+    """Run a vLLM script in a fresh interpreter: (its RESULT line parsed, its whole log)."""
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(llm_kwargs)], capture_output=True, text=True,
                           timeout=600, cwd=REPO, env=clean_env(TPU_PLUGINS_DEVICE="tpu",
                                                                TPU_PLUGINS_SIM_DEVICES=str(sim_devices)))
     assert proc.returncode == 0, proc.stderr[-4000:]
     # vLLM logs to stdout too: the result is the line we mark.
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return result, proc.stdout + proc.stderr
+
+
+def generate(sim_devices: int = 1, **llm_kwargs):
+    return run_llm(GENERATE, sim_devices, llm_kwargs)[0]
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +105,8 @@ if __name__ == "__main__":
 
 def generate_ids(sim_devices: int = 1, **llm_kwargs):
     """(token ids per prompt, the engine's log line naming its mesh and weights)."""
-    proc = subprocess.run([sys.executable, "-c", GENERATE_IDS, json.dumps(llm_kwargs)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO, env=clean_env(TPU_PLUGINS_DEVICE="tpu",
-                                                               TPU_PLUGINS_SIM_DEVICES=str(sim_devices)))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    log = proc.stdout + proc.stderr
-    engine_line = next(line for line in log.splitlines() if "on a mesh of" in line)
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:]), engine_line
+    result, log = run_llm(GENERATE_IDS, sim_devices, llm_kwargs)
+    return result, next(line for line in log.splitlines() if "on a mesh of" in line)
 
 
 def test_qwen3_moe_with_expert_parallelism_gives_transformers_tokens(tmp_path, demo_model_path):

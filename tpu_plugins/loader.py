@@ -3,8 +3,9 @@
 Tensors are read one at a time from memory-mapped files, transposed to [in, out], padded for
 the head layout (sharding.py), cast (or quantized to int8, quantization.py), and placed
 straight onto their devices, so the host never holds a second full copy of the model (a
-mixture-of-experts layer's experts are stacked per weight first: one layer's worth). `param_shapes` gives the same tree abstractly
-(shapes, dtypes, shardings) for ahead-of-time compilation with no weights at all.
+mixture-of-experts layer's experts are stacked per weight first: one layer's worth).
+`param_shapes` gives the same tree abstractly (shapes, dtypes, shardings) for ahead-of-time
+compilation with no weights at all.
 """
 
 from __future__ import annotations
@@ -132,13 +133,18 @@ def abstract_params(cfg: ModelConfig, layout: HeadLayout, dtype, mesh, quantizat
     return out
 
 
+def _split_part(name: str) -> tuple[str, str]:
+    """"x.weight_scale" -> ("x.weight", "scale"); a plain tensor name is its own "weight" part."""
+    ct = _CT_SUFFIX.match(name)
+    return (ct.group(1), _PARTS[ct.group(2)]) if ct else (name, "weight")
+
+
 def _parse(hf_name: str) -> tuple[int | None, str, int | None, str] | None:
     """HF tensor name -> (layer, our name, expert, part), or None for tensors we do not use.
     part: weight | packed | shape | scale (compressed-tensors pieces) | fused (all experts)."""
     match = _LAYER.match(hf_name)
     if not match:
-        ct = _CT_SUFFIX.match(hf_name)
-        base, part = (ct.group(1), _PARTS[ct.group(2)]) if ct else (hf_name, "weight")
+        base, part = _split_part(hf_name)
         name = GLOBAL_NAMES.get(base)
         return (None, name, None, part) if name else None
     index, suffix = int(match.group(1)), match.group(2)
@@ -148,8 +154,7 @@ def _parse(hf_name: str) -> tuple[int | None, str, int | None, str] | None:
     if expert:
         name = EXPERT_NAMES.get(expert.group(2))
         return (index, name, int(expert.group(1)), _PARTS[expert.group(3) or ""]) if name else None
-    ct = _CT_SUFFIX.match(suffix)
-    base, part = (ct.group(1), _PARTS[ct.group(2)]) if ct else (suffix, "weight")
+    base, part = _split_part(suffix)
     name = LAYER_NAMES.get(base)
     return (index, name, None, part) if name else None
 
@@ -169,6 +174,17 @@ def _assemble(pieces: dict) -> np.ndarray | Int8Weight | None:
             return None
         return Int8Weight(w, np.asarray(pieces["scale"], np.float32).reshape(-1))
     return w
+
+
+def _stacked(experts: dict, count: int):
+    """Every expert's pieces -> one weight [experts, in, out] (int8 when every expert is), or
+    None while some expert is incomplete."""
+    assembled = [_assemble(experts.get(e, {})) for e in range(count)]
+    if any(w is None for w in assembled):
+        return None
+    if all(isinstance(w, Int8Weight) for w in assembled):
+        return Int8Weight(np.stack([w.values.T for w in assembled]), np.stack([w.scale for w in assembled]))
+    return np.stack([dequantize(_transposed(w)) if isinstance(w, Int8Weight) else w.T for w in assembled])
 
 
 def _transposed(w):
@@ -248,18 +264,10 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
                 w = transform(name, w, cfg, layout)
             slot[name] = place(name, w, want_tree[name], hf_name)
             continue
-        experts = pending[(index, name)]
-        if len(experts) < cfg.moe.num_experts:
-            continue
-        assembled = [_assemble(experts.get(e, {})) for e in range(cfg.moe.num_experts)]
-        if any(w is None for w in assembled):
-            continue
-        del pending[(index, name)]
-        if all(isinstance(w, Int8Weight) for w in assembled):
-            w = Int8Weight(np.stack([np.swapaxes(w.values, 0, 1) for w in assembled]), np.stack([w.scale for w in assembled]))
-        else:
-            w = np.stack([np.swapaxes(dequantize(w) if isinstance(w, Int8Weight) else w, 0, 1) for w in assembled])
-        slot[name] = place(name, w, want_tree[name], hf_name)
+        w = _stacked(pending[(index, name)], cfg.moe.num_experts)
+        if w is not None:
+            del pending[(index, name)]
+            slot[name] = place(name, w, want_tree[name], hf_name)
     missing = [k for k in expected if k != "layers" and k not in params]
     missing += [f"layers.{i}.{k}" for i, layer in enumerate(expected["layers"]) for k in layer if k not in params["layers"][i]]
     if missing:

@@ -28,6 +28,9 @@ import numpy as np
 from tpu_plugins.errors import UserError
 
 METHODS = ("int8",)
+# The quant_method a transformers model quantized by hf_tpu's Int8Config records in its config:
+# the same tensors as a compressed-tensors checkpoint (weight int8 + weight_scale).
+HF_METHOD = "tpu_int8"
 QUANTIZED = frozenset({"q", "k", "v", "o", "gate", "up", "down", "experts_gate", "experts_up", "experts_down"})
 
 
@@ -43,6 +46,39 @@ def check_method(method: str | None) -> str | None:
         raise UserError(f"quantization {method!r} is not supported; supported: {', '.join(METHODS)} "
                         "(int8 weights, one scale per output channel), or none.")
     return method
+
+
+class FrameworkInt8Method:
+    """What vLLM's and SGLang's QuantizationConfig interfaces ask of "int8" (the same methods in
+    both): a method the core quantizes at load, for bf16/f32 activations, with no config file in
+    the checkpoint and no layers of the framework's own (the core runs the model). Each adapter
+    mixes this into its framework's base class."""
+
+    def get_name(self) -> str:
+        return "int8"
+
+    def get_supported_act_dtypes(self) -> list:
+        import torch
+
+        return [torch.bfloat16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls()
+
+    def get_quant_method(self, layer, prefix: str):
+        return None
+
+    def get_scaled_act_names(self) -> list[str]:
+        return []
 
 
 def quantize(w: np.ndarray) -> Int8Weight:
@@ -87,6 +123,8 @@ def checkpoint_method(hf_config: dict) -> str | None:
     if not qc:
         return None
     method = qc.get("quant_method", "?")
+    if method == HF_METHOD:
+        return "int8"
     supported = ("supported: float checkpoints (optionally quantized at load with int8) and compressed-tensors "
                  "checkpoints with int8 weights, symmetric, one scale per output channel (W8A16, W8A8)")
     if method != "compressed-tensors":

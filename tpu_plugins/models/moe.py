@@ -8,12 +8,14 @@ axis); one all-reduce over both gives every chip the layer's output. No token is
 the result equals the dense computation whatever the routing.
 
 The grouped matmul:
-  * "megablox": JAX's Pallas TPU kernel (`jax.experimental.pallas.ops.tpu.megablox.gmm`).
+  * "megablox" (TPU): JAX's Pallas kernel (`jax.experimental.pallas.ops.tpu.megablox.gmm`).
     It visits only the row tiles of non-empty groups, so a chip's cost follows the pairs it
     holds. Rows past the groups are not written (they hold garbage), hence the masks below.
-  * "reference": `jax.lax.ragged_dot`, XLA's own grouped matmul, used off TPU and for int8
-    experts (megablox takes only bf16/f32 weights; ragged_dot reads the int8 weights and
-    converts them in the dot's operand fusion, which keeps int8's bandwidth saving).
+    int8 experts go through XLA's `ragged_dot` instead: megablox takes only bf16/f32 weights.
+  * "reference" (elsewhere): the same visiting order in plain JAX, a loop over the (row tile,
+    expert) pairs that overlap, with a trip count known only at run time. XLA:CPU lowers
+    `ragged_dot` to every expert for every row (32 experts: 43x one dense matmul, measured),
+    which made MoE decode on the CPU stand-in several times slower than transformers.
 On a CPU the Pallas kernel runs in TPU interpret mode (`interpret`), which is how the two are
 tested against each other.
 """
@@ -65,7 +67,10 @@ def _tile(size: int, largest: int = 512) -> int:
 
 
 def _grouped_matmul(rows, w, group_sizes, row_expert, spec: MoeSpec):
-    """rows [M, K] sorted by expert, w [E, K, N] (or Int8Weight) -> [M, N] float32."""
+    """rows [M, K] sorted by expert, M a multiple of the row tile; w [E, K, N] (or Int8Weight)
+    -> [M, N] float32. Rows past the groups are garbage or zero."""
+    if spec.implementation == "reference":
+        return _tile_loop_matmul(rows, w, group_sizes, _row_tile(rows.shape[0]))
     if isinstance(w, Int8Weight):
         out = jax.lax.ragged_dot(rows, w.values.astype(rows.dtype), group_sizes,
                                  preferred_element_type=jnp.float32)
@@ -78,7 +83,37 @@ def _grouped_matmul(rows, w, group_sizes, row_expert, spec: MoeSpec):
         tiling = (min(128, m), _tile(k), _tile(w.shape[2]))
         return gmm(rows, w, group_sizes, preferred_element_type=jnp.float32, tiling=tiling,
                    interpret=pltpu.InterpretParams() if spec.interpret else False)
-    return jax.lax.ragged_dot(rows, w, group_sizes, preferred_element_type=jnp.float32)
+    raise ValueError(f"unknown MoE implementation {spec.implementation!r}")
+
+
+def _tile_loop_matmul(rows, w, group_sizes, tile: int):
+    """Grouped matmul as a loop over the (row tile, expert) pairs that overlap: expert g's rows
+    [start_g, end_g) span tiles start_g // tile .. (end_g - 1) // tile; each pair multiplies one
+    tile by one expert and keeps that expert's rows. At most tiles + experts iterations, and
+    empty experts cost nothing."""
+    M = rows.shape[0]
+    quantized = isinstance(w, Int8Weight)
+    N = (w.values if quantized else w).shape[-1]
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    first_tile = starts // tile
+    pairs = jnp.where(group_sizes > 0, (ends - 1) // tile - first_tile + 1, 0)
+    pair_ends = jnp.cumsum(pairs)
+
+    def body(i, out):
+        g = jnp.searchsorted(pair_ends, i, side="right")            # the expert of pair i
+        t = first_tile[g] + i - (pair_ends[g] - pairs[g])            # and its row tile
+        x = jax.lax.dynamic_slice_in_dim(rows, t * tile, tile)
+        if quantized:
+            y = jnp.dot(x, w.values[g].astype(rows.dtype), preferred_element_type=jnp.float32) * w.scale[g]
+        else:
+            y = jnp.dot(x, w[g], preferred_element_type=jnp.float32)
+        row = t * tile + jnp.arange(tile)
+        keep = (row >= starts[g]) & (row < ends[g])
+        current = jax.lax.dynamic_slice_in_dim(out, t * tile, tile)
+        return jax.lax.dynamic_update_slice_in_dim(out, current + jnp.where(keep[:, None], y, 0.0), t * tile, 0)
+
+    return jax.lax.fori_loop(0, pair_ends[-1], body, jnp.zeros((M, N), jnp.float32))
 
 
 def _row_tile(pairs: int) -> int:
