@@ -70,7 +70,10 @@ def _grouped_matmul(rows, w, group_sizes, row_expert, spec: MoeSpec):
     """rows [M, K] sorted by expert, M a multiple of the row tile; w [E, K, N] (or Int8Weight)
     -> [M, N] float32. Rows past the groups are garbage or zero."""
     if spec.implementation == "reference":
-        return _tile_loop_matmul(rows, w, group_sizes, _row_tile(rows.shape[0]))
+        # Small tiles: a pair multiplies a whole tile for one expert's rows. On 2 CPU cores, 32
+        # experts, K=512, N=256: 128 rows took 2.5 ms with 16-row tiles (6.9 ms with 128),
+        # 2048 rows 8.3 ms with 32-row tiles (one dense matmul of the rows: 0.5 / 2.9 ms).
+        return _tile_loop_matmul(rows, w, group_sizes, 16 if rows.shape[0] <= 512 else 32)
     if isinstance(w, Int8Weight):
         out = jax.lax.ragged_dot(rows, w.values.astype(rows.dtype), group_sizes,
                                  preferred_element_type=jnp.float32)
