@@ -1,5 +1,6 @@
 """The Hugging Face path with mixture-of-experts models (Qwen3-MoE, Mixtral) and int8 weights
-(`quantization_config=Int8Config()`), against plain transformers on the CPU (fp32)."""
+(`quantization_config=Int8Config()`, compressed-tensors checkpoints), against plain
+transformers on the CPU (fp32)."""
 
 import pytest
 from conftest import run_probe
@@ -25,5 +26,13 @@ def test_int8_config_keeps_int8_weights_on_tpu_and_matches_rounded_transformers(
     assert r["lm_head"] == "Linear"
     assert r["int8_linears"] == (2 * 7 if name == "llama" else 2 * 4)   # attention + MLP; Mixtral: attention only
     assert "+ int8" in r["engine"]                      # generate() ran on the engine with the int8 weights
+    assert r["tokens_equal"]
+    assert r["forward_max_error"] < 1e-4
+
+
+def test_compressed_tensors_checkpoint_loads_onto_tpu_and_generates_on_the_engine_in_int8(probe):
+    r = probe["llama_compressed_tensors"]
+    assert "weight_packed:torch.int32:tpu:0" in r["q_proj_tensors"]
+    assert "+ int8" in r["engine"]
     assert r["tokens_equal"]
     assert r["forward_max_error"] < 1e-4

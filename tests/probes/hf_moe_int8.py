@@ -1,5 +1,5 @@
-"""Probe: mixture-of-experts models and int8 weights (Int8Config) on "tpu" against plain
-transformers on the CPU. Prints one JSON document.
+"""Probe: mixture-of-experts models and int8 weights (Int8Config, a compressed-tensors
+checkpoint) on "tpu" against plain transformers on the CPU. Prints one JSON document.
 
 argv: a scratch folder for random models. Run with TPU_PLUGINS_DEVICE=tpu.
 """
@@ -50,4 +50,14 @@ for name in ("llama", "mixtral"):
         **run(model, int8_rounded(reference, experts=False)),
         "q_proj": [type(q).__name__, str(q.weight.dtype), str(q.weight.device)],
         "lm_head": type(model.lm_head).__name__, "int8_linears": sum(isinstance(m, Int8Linear) for m in model.modules())}
+# A compressed-tensors int8 checkpoint: transformers' own compressed-tensors quantizer loads it
+# onto "tpu" (packed int32 values and scales on the device); generate() reads those as they are.
+from ct_int8_checkpoint import write_int8_checkpoint  # noqa: E402
+
+write_int8_checkpoint(scratch / "llama", scratch / "llama_ct", "pack-quantized")
+reference = AutoModelForCausalLM.from_pretrained(scratch / "llama_ct", dtype=torch.float32).eval()
+model = AutoModelForCausalLM.from_pretrained(scratch / "llama_ct", device_map="tpu", dtype=torch.float32)
+# Before run(): transformers' first plain forward decompresses each layer to float weights.
+loaded = sorted(f"{n}:{t.dtype}:{t.device}" for n, t in model.model.layers[0].self_attn.q_proj.named_parameters())
+out["llama_compressed_tensors"] = {**run(model, reference), "q_proj_tensors": loaded}
 print(json.dumps(out))

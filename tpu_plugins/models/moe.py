@@ -58,10 +58,10 @@ def route(x, router, spec: MoeSpec):
     return weights, ids.astype(jnp.int32)
 
 
-def _tile(size: int, largest: int = 512) -> int:
-    """A tile for a kernel dimension: the largest of 512/256/128 that divides it, else the whole."""
-    for tile in (largest, 256, 128):
-        if tile <= largest and size % tile == 0:
+def _tile(size: int) -> int:
+    """A megablox tile for a K or N dimension: the largest of 512/256/128 that divides it, else the whole."""
+    for tile in (512, 256, 128):
+        if size % tile == 0:
             return tile
     return size
 
