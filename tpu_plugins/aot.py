@@ -34,6 +34,7 @@ import numpy as np
 from tpu_plugins import hlo_traffic, topology
 from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
+from tpu_plugins.models.moe import EXPERT_WEIGHTS
 
 REFERENCE_CONFIGS = Path(__file__).parent / "reference_configs"
 # --dtype -> (the engine's dtype, its quantization): int8 is bf16 activations with int8 weights.
@@ -90,7 +91,7 @@ def _expert_accounting(engine: Engine, tokens: int) -> dict:
     layers = [layer for layer in engine.params["layers"] if "router" in layer]
     if not layers:
         return {"bytes": 0, "bytes_read": 0, "elements": 0, "flops": 0, "in_pallas_kernels": False, "touched": 0.0}
-    trees = [{n: layer[n] for n in ("experts_gate", "experts_up", "experts_down")} for layer in layers]
+    trees = [{n: layer[n] for n in EXPERT_WEIGHTS} for layer in layers]
     total = _per_device_bytes(trees)
     elements = _per_device_elements(trees)
     moe = engine.moe

@@ -239,15 +239,11 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
             continue
         want_tree = expected if index is None else expected["layers"][index]
         slot = params if index is None else params["layers"][index]
-        if part == "fused":
-            w = np.asarray(read())
-            if name == "mlp.experts.gate_up_proj":
-                half = w.shape[1] // 2
-                for our, chunk in zip(FUSED_EXPERTS[name], (w[:, :half], w[:, half:])):
-                    if our in want_tree:
-                        slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name)
-            elif "experts_down" in want_tree:
-                slot["experts_down"] = place("experts_down", _transposed(w), want_tree["experts_down"], hf_name)
+        if part == "fused":   # [E, out, in], the outputs of FUSED_EXPERTS[name] one after another
+            ours = FUSED_EXPERTS[name]
+            for our, chunk in zip(ours, np.split(np.asarray(read()), len(ours), axis=1)):
+                if our in want_tree:
+                    slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name)
             continue
         if name not in want_tree:
             continue
