@@ -21,7 +21,8 @@ PROBES = Path(__file__).resolve().parent / "probes"
 
 # Variables that would change what the code under test decides; each test sets its own.
 _CONTROLLED = ("TPU_PLUGINS_DEVICE", "TPU_PLUGINS_SIM_DEVICES", "JAX_PLATFORMS", "XLA_FLAGS",
-               "SGLANG_PLATFORM", "VLLM_PLUGINS", "SGLANG_PLUGINS", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+               "SGLANG_PLATFORM", "VLLM_PLUGINS", "SGLANG_PLUGINS", "TORCH_DEVICE_BACKEND_AUTOLOAD",
+               "TPU_PLUGINS_COORDINATOR", "TPU_PLUGINS_NUM_HOSTS", "TPU_PLUGINS_HOST_ID", "RAY_ADDRESS")
 
 
 QUIET = settings.QUIET_FRAMEWORKS

@@ -79,8 +79,9 @@ def test_tensor_parallel_larger_than_the_chips_is_a_one_line_startup_error(demo_
     proc = serve_error(str(demo_model_path), "--device", "tpu", "--quantization", "int8", "--tensor-parallel-size", "4")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
-        "vllm serve: error: --tensor-parallel-size 4 needs 4 chips, but 1 are visible. Lower it, or on a CPU host "
-        "simulate a slice with TPU_PLUGINS_SIM_DEVICES=4.")
+        "vllm serve: error: --tensor-parallel-size 4 needs 4 chips, but 1 are visible on this host. To span several "
+        "hosts add --distributed-executor-backend ray (README: Multi-host slices); on a CPU host simulate a slice "
+        "with TPU_PLUGINS_SIM_DEVICES=4.")
 
 
 def test_other_device_values_are_refused(demo_model_path):

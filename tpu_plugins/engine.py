@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from tpu_plugins import chips, compile_stats, kv_cache, runtime, sampling, settings
 from tpu_plugins.errors import UserError
-from tpu_plugins.loader import abstract_params, load_params
+from tpu_plugins.loader import LoadStats, abstract_params, load_params
 from tpu_plugins.mesh import MeshShape, make_mesh
 from tpu_plugins.models import decoder, moe
 from tpu_plugins.kernels.ragged_attention import BlockSizes
@@ -197,6 +197,7 @@ class Engine:
         self._programs: dict = {}
         self._placeholders: dict = {}
 
+        self.load_stats = LoadStats()
         if abstract:
             self.params = abstract_params(cfg, self.layout, self.dtype, self.mesh, self.quantization)
         else:
@@ -204,7 +205,7 @@ class Engine:
                 raise UserError(f"{path} is not a model folder; weights are needed to run (a config.json alone is "
                                 "enough only for ahead-of-time compilation).")
             self.params = load_params(path, cfg, self.layout, self.dtype, self.mesh, progress=config.progress,
-                                      tensors=weights, quantization=self.quantization)
+                                      tensors=weights, quantization=self.quantization, stats=self.load_stats)
         self._abstract = abstract
         logger.info("tpu-plugins: %s", self.describe())
         self.kv_spec: kv_cache.KVCacheSpec | None = None
@@ -215,7 +216,9 @@ class Engine:
 
     def describe(self) -> str:
         """One line for start-up logs: what runs where."""
-        return (f"{self.model_config.architecture} on a mesh of {dict(self.mesh.shape)}, weights {self.config.dtype}"
+        hosts = self.runtime.num_hosts
+        return (f"{self.model_config.architecture} on a mesh of {dict(self.mesh.shape)}"
+                f"{f' across {hosts} hosts' if hosts > 1 else ''}, weights {self.config.dtype}"
                 f"{' + int8' if self.quantization else ''}, attention {self.attention.implementation}"
                 f"{f', experts {self.moe.implementation}' if self.moe else ''}")
 
@@ -406,7 +409,7 @@ class Engine:
         arrays, _ = self.pad_batch(batch)
         program = self._program(len(arrays["token_ids"]), len(arrays["kv_lens"]), all_logits=True)
         logits, token_logits, self.kv_caches = program(self.params, self.kv_caches, arrays)
-        return logits, np.asarray(token_logits)[: len(batch.token_ids), : self.model_config.vocab_size]
+        return logits, _to_host(token_logits)[: len(batch.token_ids), : self.model_config.vocab_size]
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole pages (every layer's K and V) from src to dst: copy-on-write for a
@@ -485,6 +488,16 @@ class Engine:
             for temperature in (0.0, 1.0):
                 self.sample(logits, [sampling.SamplingParams(temperature=temperature)], [0], [0])
         self.counters.after_warmup = compile_stats.snapshot()
+
+
+def _to_host(array: jax.Array) -> np.ndarray:
+    """An array's value on this host. One split across hosts (the vocabulary of a multi-host
+    slice) is gathered from every host: a collective, so every host calls this at the same step."""
+    if array.is_fully_addressable or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

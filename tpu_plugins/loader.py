@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
 
+import mmap
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -52,6 +54,8 @@ _CT_SUFFIX = re.compile(r"^(.+\.weight)(_packed|_scale|_shape)$")
 
 def _query_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
     """Query-head axis (heads * head_dim) -> (groups, q_per_group) zero-padded, flattened back."""
+    if layout.groups == cfg.num_kv_heads and layout.q_per_group == cfg.q_per_kv:
+        return w   # nothing to pad: keep the file view, so each host reads only its shards
     shape = w.shape[:axis] + (cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim) + w.shape[axis + 1:]
     w = w.reshape(shape)
     pad = [(0, 0)] * w.ndim
@@ -63,6 +67,8 @@ def _query_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout)
 
 def _kv_heads(w: np.ndarray, axis: int, cfg: ModelConfig, layout: HeadLayout) -> np.ndarray:
     """KV-head axis -> each head repeated kv_replicas times, zero groups appended, flattened back."""
+    if layout.kv_replicas == 1 and layout.num_kv_heads == cfg.num_kv_heads:
+        return w
     shape = w.shape[:axis] + (cfg.num_kv_heads, cfg.head_dim) + w.shape[axis + 1:]
     w = np.repeat(w.reshape(shape), layout.kv_replicas, axis=axis)
     pad = [(0, 0)] * w.ndim
@@ -194,11 +200,36 @@ def _transposed(w):
     return np.swapaxes(w, -1, -2)
 
 
-class _Placer:
-    """Casts or quantizes one finished weight and puts it on its devices."""
+def _file_view(w: np.ndarray) -> bool:
+    """True when `w` still points into a memory-mapped checkpoint file (nothing copied yet)."""
+    while isinstance(w, np.ndarray):
+        w = w.base
+    return isinstance(w.obj if isinstance(w, memoryview) else w, mmap.mmap)
 
-    def __init__(self, dtype, mesh, quantization: str | None):
-        self.dtype, self.mesh, self.quantization = dtype, mesh, quantization
+
+@dataclass
+class LoadStats:
+    """Checkpoint bytes this host read, against the bytes of the tensors it used."""
+
+    read_bytes: int = 0
+    checkpoint_bytes: int = 0
+
+    @property
+    def read_fraction(self) -> float:
+        return self.read_bytes / max(self.checkpoint_bytes, 1)
+
+
+class _Placer:
+    """Casts or quantizes one finished weight and puts it on its devices.
+
+    Each device's shard is cut from the weight on its own host (`jax.make_array_from_callback`),
+    so a weight that is still a view of the memory-mapped file (its layout is ours up to a
+    transpose) is read only where this host's devices hold it: on a multi-host slice each host
+    reads its own shards. A weight that needed padding, head replication or quantizing was
+    materialised whole first."""
+
+    def __init__(self, dtype, mesh, quantization: str | None, stats: LoadStats):
+        self.dtype, self.mesh, self.quantization, self.stats = dtype, mesh, quantization, stats
 
     def __call__(self, name: str, w, want: tuple[int, ...], hf_name: str):
         shape = w.values.shape if isinstance(w, Int8Weight) else w.shape
@@ -210,24 +241,39 @@ class _Placer:
         elif self.quantization == "int8" and name in QUANTIZED and not isinstance(w, Int8Weight):
             w = quantize(w)
         if isinstance(w, Int8Weight):
-            return Int8Weight(jax.device_put(np.asarray(w.values, np.int8), NamedSharding(self.mesh, RULES[name])),
-                              jax.device_put(np.asarray(w.scale, np.float32), NamedSharding(self.mesh, scale_rule(name))))
-        return jax.device_put(np.asarray(w, dtype=self.dtype), NamedSharding(self.mesh, RULES[name]))
+            return Int8Weight(self._place(w.values, np.int8, RULES[name]), self._place(w.scale, np.float32, scale_rule(name)))
+        return self._place(w, self.dtype, RULES[name])
+
+    def _place(self, w: np.ndarray, dtype, rule) -> jax.Array:
+        lazy = _file_view(w)
+        shards: dict = {}
+
+        def shard(index):
+            part = w[index]
+            if lazy:   # replicated shards ask for the same slice once per device: count it once
+                shards[tuple((s.start, s.stop, s.step) for s in index)] = part.nbytes
+            return np.asarray(part, dtype)
+
+        array = jax.make_array_from_callback(w.shape, NamedSharding(self.mesh, rule), shard)
+        self.stats.read_bytes += sum(shards.values()) if lazy else w.nbytes
+        return array
 
 
 def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh, progress: bool = True,
                 tensors: Iterable[tuple[str, Callable[[], np.ndarray]]] | None = None,
-                quantization: str | None = None) -> dict:
+                quantization: str | None = None, stats: LoadStats | None = None) -> dict:
     """Read, transform and place every weight; checks that nothing is missing or misshapen.
 
     `tensors` ((HF name, read) pairs) replaces reading `folder`: weights already in memory, such
     as a transformers model's state dict. `quantization="int8"` quantizes float linear weights
     as they are placed; int8 weights of a compressed-tensors checkpoint are kept as they are.
+    `stats`, if given, receives the bytes this host read (see _Placer).
     A weight that arrives in several tensors (a quantized linear's values and scale, one
     expert at a time) is placed once its last piece is read."""
     expected = param_shapes(cfg, layout)
     params: dict = {"layers": [{} for _ in range(cfg.num_layers)]}
-    place = _Placer(dtype, mesh, quantization)
+    stats = stats if stats is not None else LoadStats()
+    place = _Placer(dtype, mesh, quantization, stats)
     pending: dict = {}      # (layer, name) -> {expert or None: {part: array}}
     tensors = list(iterate_tensors(Path(folder)) if tensors is None else tensors)
     for hf_name, read in tqdm(tensors, desc="Loading weights", unit="tensor", disable=not progress):
@@ -241,7 +287,9 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
         slot = params if index is None else params["layers"][index]
         if part == "fused":   # [E, out, in], the outputs of FUSED_EXPERTS[name] one after another
             ours = FUSED_EXPERTS[name]
-            for our, chunk in zip(ours, np.split(np.asarray(read()), len(ours), axis=1)):
+            fused = np.asarray(read())
+            stats.checkpoint_bytes += fused.nbytes
+            for our, chunk in zip(ours, np.split(fused, len(ours), axis=1)):
                 if our in want_tree:
                     slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name)
             continue
@@ -249,6 +297,7 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
             continue
         pieces = pending.setdefault((index, name), {}).setdefault(expert, {})
         pieces[part] = read()
+        stats.checkpoint_bytes += pieces[part].nbytes
         if expert is None:
             w = _assemble(pieces)
             if w is None:

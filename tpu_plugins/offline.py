@@ -8,7 +8,6 @@ preempts the newest request, frees its pages and later recomputes it from its to
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -18,7 +17,7 @@ from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine
 from tpu_plugins.errors import UserError
 from tpu_plugins.kv_cache import PageAllocator
-from tpu_plugins.sampling import SamplingParams, chunk_prompt_logprobs
+from tpu_plugins.sampling import SamplingParams, chunk_prompt_logprobs, fresh_seed
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class OfflineGenerator:
                 raise UserError(f"Prompt {i} has {len(prompt)} tokens; max_model_len is {limit}, which leaves no room "
                                 "to generate. Shorten the prompt or raise max_model_len.")
         waiting = deque(_Request(i, list(p), gp, gp.sampling.seed if gp.sampling.seed is not None
-                                 else random.getrandbits(63)) for i, (p, gp) in enumerate(zip(prompts, params)))
+                                 else fresh_seed()) for i, (p, gp) in enumerate(zip(prompts, params)))
         running: list[_Request] = []
         done: list[_Request] = []
         while waiting or running:

@@ -29,18 +29,23 @@ _SIM_FLAG = "--xla_force_host_platform_device_count"
 _JAX_GPU_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin", "jax_rocm60_plugin")
 
 
-def tpu_attached(pci_root: Path = Path("/sys/bus/pci/devices")) -> bool:
-    """True when a Google TPU is on this host's PCI bus. Cheap: reads sysfs, starts nothing."""
+def tpu_chips_attached(pci_root: Path = Path("/sys/bus/pci/devices")) -> int:
+    """How many Google TPU chips are on this host's PCI bus. Cheap: reads sysfs, starts nothing."""
+    count = 0
     try:
         for device in pci_root.iterdir():
             try:
-                if (device / "vendor").read_text().strip().lower() == GOOGLE_PCI_VENDOR:
-                    return True
+                count += (device / "vendor").read_text().strip().lower() == GOOGLE_PCI_VENDOR
             except OSError:
                 continue
     except OSError:
-        return False
-    return False
+        return 0
+    return count
+
+
+def tpu_attached(pci_root: Path = Path("/sys/bus/pci/devices")) -> bool:
+    """True when a Google TPU is on this host's PCI bus."""
+    return tpu_chips_attached(pci_root) > 0
 
 
 def _jax_initialised() -> bool:
@@ -84,6 +89,12 @@ def prepare_jax() -> None:
                 "XLA_FLAGS already sets %s=%d; ignoring TPU_PLUGINS_SIM_DEVICES=%d.",
                 _SIM_FLAG, existing, conf.simulated_devices,
             )
+
+
+def local_chips_before_jax() -> int:
+    """Chips this host drives, known without starting JAX: the TPU chips on its PCI bus, or
+    the simulated slice's size (1 without one)."""
+    return tpu_chips_attached() or device_count_before_jax() or 1
 
 
 def device_count_before_jax() -> int | None:
@@ -151,6 +162,9 @@ def _tpu_topology(devices) -> str | None:
 def current() -> Runtime:
     """Discover the execution target once; every later call returns the same answer."""
     prepare_jax()
+    from tpu_plugins import distributed
+
+    distributed.join_from_settings()   # a multi-host slice's processes join before JAX starts
     import jax
 
     devices = jax.local_devices()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tpu_plugins import jax_env  # noqa: F401  (settles JAX's platform before jax is imported)
 
+import random
 from dataclasses import dataclass
 
 import jax
@@ -20,6 +21,18 @@ import numpy as np
 from tpu_plugins.errors import UserError
 
 MAX_LOGPROBS = 20   # top-n log-probabilities a request may ask for
+
+
+def fresh_seed() -> int:
+    """A seed for a request that named none. Every host of a multi-host slice feeds the same
+    inputs to the sampler, so there host 0's draw is sent to all: a collective, which every
+    host reaches for the same request at the same step (they run the same scheduler output)."""
+    seed = random.getrandbits(63)
+    if jax.process_count() == 1:
+        return seed
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int64(seed)))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,27 @@ def load() -> Settings:
     )
 
 
+# A multi-host slice's processes (tpu_plugins/distributed.py): host 0's coordinator address
+# (host:port), how many hosts, and which one this is. Unset: one host.
+COORDINATOR = "TPU_PLUGINS_COORDINATOR"
+NUM_HOSTS = "TPU_PLUGINS_NUM_HOSTS"
+HOST_ID = "TPU_PLUGINS_HOST_ID"
+
+
+@dataclass(frozen=True)
+class MultiHost:
+    coordinator: str | None
+    num_hosts: int | None
+    host_id: int | None
+
+
+def multihost() -> MultiHost:
+    def optional_int(name):
+        return _int_env(name, 0) if os.environ.get(name, "").strip() else None
+
+    return MultiHost(os.environ.get(COORDINATOR, "").strip() or None, optional_int(NUM_HOSTS), optional_int(HOST_ID))
+
+
 # For processes we start (tests, benchmarks, demos): no framework telemetry and no model-hub
 # lookups, since our machines reach loopback only.
 QUIET_FRAMEWORKS = {"DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}

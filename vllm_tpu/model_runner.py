@@ -13,7 +13,6 @@ until the scheduler lists it as finished.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +22,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTe
 from tpu_plugins.batching import SeqChunk, ragged_batch
 from tpu_plugins.engine import Engine
 from tpu_plugins.request_faults import attempt, check_injected_fault
-from tpu_plugins.sampling import chunk_prompt_logprobs, unpack_token_bitmask
+from tpu_plugins.sampling import chunk_prompt_logprobs, fresh_seed, unpack_token_bitmask
 from vllm_tpu import request_errors
 from vllm_tpu.sampling import to_core
 
@@ -90,7 +89,7 @@ class TpuModelRunner:
         check_injected_fault(new.prompt_token_ids)
         seed = new.sampling_params.seed
         return _Request(prompt=list(new.prompt_token_ids), params=new.sampling_params, pages=list(new.block_ids[0]),
-                        seed=seed if seed is not None else random.getrandbits(63))
+                        seed=seed if seed is not None else fresh_seed())
 
     def _fail(self, req_id: str, message: str) -> None:
         self.requests.pop(req_id, None)

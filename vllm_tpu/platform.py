@@ -1,8 +1,9 @@
 """vLLM Platform for tpu-plugins: vLLM's scheduler, API server and tokenizer; our core runs the model.
 
 What vLLM sees: an out-of-tree platform whose torch tensors live on the host (`device_type`
-"cpu": vLLM's own bookkeeping tensors), one worker process (`uni` executor) that drives every
-local chip through SPMD, and a KV cache of `--block-size` pages sized from the chips' memory.
+"cpu": vLLM's own bookkeeping tensors), one worker process per host that drives every local
+chip through SPMD (`uni` executor on one host; on a multi-host slice Ray's, one worker per host,
+ray_executor.py), and a KV cache of `--block-size` pages sized from the chips' memory.
 `--tensor-parallel-size N` becomes the core's mesh, not N vLLM workers.
 
 Through vLLM's platform hooks:
@@ -86,7 +87,9 @@ class TpuPlatform(Platform):
     device_type: str = "cpu"       # torch side: vLLM's bookkeeping tensors stay on the host
     dispatch_key: str = "CPU"
     dist_backend: str = "gloo"
-    ray_device_key: str = ""
+    # Ray: one worker per host reserves one "TPU" (ray_executor.py) and sees every chip of its host.
+    ray_device_key: str = "TPU"
+    ray_noset_device_env_vars: list[str] = ["RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS"]
     device_control_env_var: str = "TPU_VISIBLE_CHIPS"
 
     # int8: quantized by the core at load time; compressed-tensors: int8 checkpoints (the core
@@ -124,9 +127,16 @@ class TpuPlatform(Platform):
             extra[EP_KEY] = parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
             if parallel.pipeline_parallel_size != 1:
                 config_error("--pipeline-parallel-size is not supported on TPU; use --tensor-parallel-size.")
-        parallel.tensor_parallel_size = 1
-        parallel.world_size = 1
+        hosts = cls._hosts(extra[TP_KEY], ray_asked=parallel.use_ray)
+        # vLLM runs one worker per host (each drives its host's chips): Ray's executor for several
+        # hosts, the in-process one for a single host.
+        parallel.tensor_parallel_size = hosts
+        parallel.world_size = hosts
         parallel.distributed_executor_backend = "uni"
+        if hosts > 1:
+            from vllm_tpu.ray_executor import TpuRayExecutor   # imports Ray: only when it is used
+
+            parallel.distributed_executor_backend = TpuRayExecutor
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
         compilation = vllm_config.compilation_config
@@ -147,19 +157,27 @@ class TpuPlatform(Platform):
             if model.dtype not in (torch.bfloat16, torch.float32):
                 config_error(f"--dtype {str(model.dtype).removeprefix('torch.')} is not supported on TPU; "
                              "use --dtype bfloat16 or --dtype float32.")
-        cls._check_chips(extra[TP_KEY])
 
     @classmethod
-    def _check_chips(cls, tp: int) -> None:
+    def _hosts(cls, tp: int, ray_asked: bool) -> int:
+        """Hosts the TP size spans: one while it fits this host's chips, else (with Ray) TP / chips
+        per host."""
         from tpu_plugins import runtime
 
         # JAX must not start in this process: vLLM forks the engine core from it, and JAX does
-        # not survive fork(). Without a TPU the count is known from settings alone; on a TPU the
-        # worker checks when it builds the mesh.
-        available = runtime.device_count_before_jax()
-        if available is not None and tp > available:
-            config_error(f"--tensor-parallel-size {tp} needs {tp} chips, but {available} are visible. Lower it, or "
-                         f"on a CPU host simulate a slice with TPU_PLUGINS_SIM_DEVICES={tp}.")
+        # not survive fork(). The chips are counted from the PCI bus or the settings instead.
+        local = runtime.local_chips_before_jax()
+        if tp <= local:
+            return 1
+        if not ray_asked:
+            config_error(f"--tensor-parallel-size {tp} needs {tp} chips, but {local} are visible on this host. To span "
+                         "several hosts add --distributed-executor-backend ray (README: Multi-host slices); on a CPU "
+                         f"host simulate a slice with TPU_PLUGINS_SIM_DEVICES={tp}.")
+        if tp % local:
+            config_error(f"--tensor-parallel-size {tp} does not fill whole hosts of {local} chips. Use a multiple "
+                         f"of {local} to span several hosts, or at most {local} on this one (on a CPU host, "
+                         f"TPU_PLUGINS_SIM_DEVICES sets the chips each simulated host has).")
+        return tp // local
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
@@ -185,3 +203,8 @@ class TpuPlatform(Platform):
     @classmethod
     def set_device(cls, device) -> None:
         pass
+
+
+# Every vLLM process that resolves this platform re-checks the config (the engine core does after
+# its handshake, with the host count as vLLM's TP size), so the check is patched on import.
+_allow_tensor_parallel_with_padded_heads()

@@ -1,6 +1,7 @@
-"""vLLM Worker for tpu-plugins: one process, every local chip, the core engine underneath.
+"""vLLM Worker for tpu-plugins: one process per host, every local chip, the core engine underneath.
 
-Called by vLLM's uni-process executor, in this order: init_device, load_model,
+Called by vLLM's uni-process executor (one host) or by every host's copy under its Ray
+executor (ray_executor.py), in this order: init_device, load_model,
 get_kv_cache_spec, determine_available_memory, initialize_from_config (allocates the page
 pool vLLM sized), compile_or_warm_up_model (compiles every bucket before the server says
 ready), then execute_model / sample_tokens for each step.
@@ -8,20 +9,25 @@ ready), then execute_model / sample_tokens for each step.
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from tpu_plugins import distributed
 from tpu_plugins.engine import Engine, EngineConfig
 from tpu_plugins.errors import UserError
 from vllm_tpu import request_errors
 from vllm_tpu.model_runner import TpuModelRunner
 from vllm_tpu.platform import EP_KEY, TP_KEY
 
+COORDINATOR_KEY = "tpu_plugins/jax_coordinator"
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # Under vLLM's logger namespace, so the line appears in vLLM's own start-up log.
 logger = init_logger("vllm.tpu_plugins")
@@ -61,9 +67,25 @@ class TpuWorker(WorkerBase):
     def init_device(self) -> None:
         from tpu_plugins import runtime
 
+        hosts = self.vllm_config.parallel_config.world_size
+        if hosts > 1:   # one worker per host (ray_executor.py): join the others before JAX starts
+            distributed.join(distributed.Hosts(hosts, self.rank, self._coordinator(hosts)))
+            logger.info("tpu-plugins: host %d of %d joined the slice (pid %d)", self.rank, hosts, os.getpid())
         runtime.current()
         _no_torch_accelerator_cache_to_empty()
         request_errors.fail_requests_the_runner_could_not_run()
+
+    def _coordinator(self, hosts: int) -> str:
+        """Host 0's JAX coordinator address, agreed through vLLM's own rendezvous: the TCP store
+        at `distributed_init_method`, which vLLM's executor opened on rank 0's host."""
+        from torch.distributed import TCPStore
+
+        address = urlparse(self.distributed_init_method)
+        store = TCPStore(address.hostname, address.port, world_size=hosts, is_master=False,
+                         timeout=timedelta(seconds=distributed.JOIN_TIMEOUT_S))
+        if self.rank == 0:
+            store.set(COORDINATOR_KEY, f"{address.hostname}:{distributed.free_port()}")
+        return store.get(COORDINATOR_KEY).decode()
 
     def load_model(self, *args, **kwargs) -> None:
         c = self.vllm_config
