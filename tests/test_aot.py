@@ -87,6 +87,27 @@ def test_llama_8b_decode_estimate_is_within_the_target_of_the_roofline(llama8b_v
     assert r["decode_accounting_per_chip"]["pallas_calls"] == 2 * hf["num_hidden_layers"]
 
 
+def test_llama_70b_on_a_four_host_v6e_slice(tmp_path):
+    """v6e:4x4 is 16 chips on 4 hosts: the report counts the hosts, per-chip HBM and what each
+    host loads, all recomputed here from the config."""
+    proc = run_aot("--model", "Llama-3.1-70B", "--topology", "v6e:4x4", "--max-model-len", "4096",
+                   "--max-num-seqs", "32", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    hf = json.loads((aot.REFERENCE_CONFIGS / "Llama-3.1-70B.json").read_text())
+    assert (r["chips"], r["hosts"], r["tensor_parallel_size"], r["fits"]) == (16, 4, 16, True)
+    # 8 KV heads over 16 chips: each KV head is stored twice (k and v projections, and the cache).
+    h, d, layers = hf["hidden_size"], 128, hf["num_hidden_layers"]
+    weights = param_count(hf) * 2 + layers * 2 * h * d * 8 * 2
+    assert r["hbm_breakdown_per_chip"]["weights"] == pytest.approx(weights / 16, rel=2e-3)
+    pages = 32 * (4096 // 16) + 1
+    kv = hf["num_hidden_layers"] * pages * 16 * 2 * 1 * 128 * 2
+    assert r["hbm_breakdown_per_chip"]["kv_cache"] == kv
+    assert r["hbm_bytes_per_chip"] < 0.9 * chips.CHIPS["v6e"].hbm_bytes
+    # Each host loads its four chips' shards: a quarter of the model (norms, replicated, are tiny).
+    assert r["weight_bytes_per_host"] == pytest.approx(weights / 4, rel=2e-3)
+
+
 def test_a_model_too_big_for_the_slice_does_not_fit(tmp_path):
     # One layer, but 2 x 8.4 GB of embedding and head in bf16: more than a 16 GiB v5e chip.
     config = json.loads((aot.REFERENCE_CONFIGS / "Llama-3.1-8B.json").read_text())

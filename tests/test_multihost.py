@@ -22,11 +22,10 @@ import pytest
 import requests
 import torch
 from conftest import PROBES, REPO, clean_env, hf_greedy, run_probe, run_python
-from servers import BIN, free_port, vllm_serve
+from servers import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 HOSTS, CHIPS_PER_HOST = 2, 2
-MODEL = "smollm2"
 COMPLETION_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three colours of the rainbow are",
                       "Once upon a time, in a small village by the sea,"]
 
@@ -74,41 +73,42 @@ def test_incomplete_host_settings_are_one_clear_error():
     assert "Host id 2 is outside 0..1 for 2 hosts" in proc.stderr.strip().splitlines()[-1]
 
 
-class RayHead:
-    """A one-node Ray cluster offering `hosts` TPU resources (one per simulated host), in its own
-    session so that stopping it takes every Ray process down."""
+class LocalSlice:
+    """examples/multihost_local.sh, left serving (KEEP_SERVING): a Ray head offering two hosts and
+    `vllm serve` over one Ray worker per host. The example's own output is checked as well."""
 
-    def __init__(self, hosts: int, folder):
+    def __init__(self, folder):
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
-             "--num-cpus", str(hosts), "--resources", json.dumps({"TPU": hosts}), "--include-dashboard=false",
-             "--object-store-memory", "100000000", "--temp-dir", str(folder), "--disable-usage-stats"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
-        self.address = f"127.0.0.1:{self.port}"
-        deadline = time.time() + 120
-        while subprocess.run([str(BIN / "ray"), "status", "--address", self.address], capture_output=True).returncode:
-            assert time.time() < deadline and self.proc.poll() is None, "the Ray head did not start"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path, self.out_path = folder / "vllm.log", folder / "example.out"
+        self._out = self.out_path.open("w")
+        self.proc = subprocess.Popen(["bash", str(REPO / "examples" / "multihost_local.sh")], stdout=self._out,
+                                     stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                     env=clean_env(KEEP_SERVING="1", PORT=str(self.port), VLLM_LOG=str(self.log_path)))
+        deadline = time.time() + 900
+        while "serving on" not in self.output():
+            assert self.proc.poll() is None and time.time() < deadline, f"the example failed:\n{self.output()[-4000:]}"
             time.sleep(1)
 
+    def output(self) -> str:
+        self._out.flush()
+        return self.out_path.read_text(errors="replace")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)   # the example's own clean-up stops Ray and the server
+            self.proc.wait(timeout=60)
+        self._out.close()
 
 
 @pytest.fixture(scope="module")
-def server(demo_model_path, tmp_path_factory):
-    ray_head = RayHead(HOSTS, tmp_path_factory.mktemp("ray"))
-    srv = vllm_serve(demo_model_path, tmp_path_factory.mktemp("vllm") / "server.log",
-                     "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len", "512",
-                     "--max-num-seqs", "8", "--max-num-batched-tokens", "128", "--num-gpu-blocks-override", "256",
-                     "--tensor-parallel-size", str(HOSTS * CHIPS_PER_HOST), "--distributed-executor-backend", "ray",
-                     env={"TPU_PLUGINS_SIM_DEVICES": str(CHIPS_PER_HOST), "RAY_ADDRESS": ray_head.address})
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
-        ray_head.stop()
+def server(tmp_path_factory):
+    srv = LocalSlice(tmp_path_factory.mktemp("multihost"))
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +117,20 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
+def served_model(client):
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
 def hf(demo_model_path):
     return (AutoModelForCausalLM.from_pretrained(demo_model_path, dtype=torch.float32).eval(),
             AutoTokenizer.from_pretrained(demo_model_path))
+
+
+def test_local_multihost_example_prints_a_completion(server):
+    out = server.output()
+    assert "host 0 of 2 joined the slice" in out and "host 1 of 2 joined the slice" in out
+    assert "The capital of France is Paris." in out
 
 
 def test_one_worker_per_host_on_one_mesh(server):
@@ -128,11 +139,11 @@ def test_one_worker_per_host_on_one_mesh(server):
     assert sorted(int(h) for h in re.findall(r"host (\d) of 2 joined the slice", log)) == [0, 1]
 
 
-def test_greedy_completions_equal_transformers(client, hf):
+def test_greedy_completions_equal_transformers(client, served_model, hf):
     model, tok = hf
 
     def complete(prompt):   # concurrent, so that the hosts run mixed batches
-        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+        return client.completions.create(model=served_model, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
 
     with concurrent.futures.ThreadPoolExecutor(len(COMPLETION_PROMPTS)) as pool:
         texts = list(pool.map(complete, COMPLETION_PROMPTS))
@@ -140,20 +151,20 @@ def test_greedy_completions_equal_transformers(client, hf):
         assert text == tok.decode(hf_greedy(model, tok(prompt)["input_ids"], 24, stop_at_eos=False))
 
 
-def test_seeded_sampling_is_reproducible(client):
+def test_seeded_sampling_is_reproducible(client, served_model):
     def sample():
-        return client.completions.create(model=MODEL, prompt="Tell me about the sea.", max_tokens=16,
+        return client.completions.create(model=served_model, prompt="Tell me about the sea.", max_tokens=16,
                                          temperature=1.0, seed=1234).choices[0].text
 
     assert sample() == sample()
 
 
-def test_losing_a_host_stops_the_server_with_an_error(server):
+def test_losing_a_host_stops_the_server_with_an_error(server, served_model):
     """Last in the module: kills host 1's worker while a request is running."""
     pid = int(re.search(r"host 1 of 2 joined the slice \(pid (\d+)\)", server.log()).group(1))
     url = server.base_url + "/v1/completions"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(requests.post, url, json={"model": MODEL, "prompt": "Tell me a long story.",
+        running = pool.submit(requests.post, url, json={"model": served_model, "prompt": "Tell me a long story.",
                                                         "max_tokens": 400, "temperature": 0}, timeout=120)
         time.sleep(1.0)
         os.kill(pid, signal.SIGKILL)
@@ -161,7 +172,7 @@ def test_losing_a_host_stops_the_server_with_an_error(server):
     assert reply.status_code >= 500 or reply.json()["choices"][0]["finish_reason"] != "length"
     # The server exits on its own, well before this. vLLM's API server exits with status 0 after
     # its engine died (as it does on GPU); the log says why.
-    server.proc.wait(timeout=120)
+    server.proc.wait(timeout=120)   # the example exits with its server
     log = server.log()
     assert "RayWorkerProc rank=[1] died unexpectedly" in log and "EngineDeadError" in log
     # Host 0's worker, possibly waiting in a collective for host 1, is stopped too.
@@ -178,11 +189,3 @@ def running_process(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def test_local_multihost_example_prints_a_completion():
-    proc = subprocess.run(["bash", str(REPO / "examples" / "multihost_local.sh")], capture_output=True, text=True,
-                          timeout=900, cwd=REPO, env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "host 1 of 2 joined the slice" in proc.stdout
-    assert "The capital of France is Paris." in proc.stdout

@@ -79,6 +79,20 @@ def _per_device_bytes(tree) -> int:
     return total
 
 
+def _weight_bytes_per_host(tree) -> int:
+    """Weight bytes the busiest host loads: the shards of its own devices, a shard that several
+    of its devices hold counted once. What each host of a multi-host slice reads (loader.py)."""
+    per_host: dict[int, int] = {}
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shards: dict[tuple, int] = {}     # (host, shard's slices) -> elements
+        for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
+            key = (device.process_index, tuple((s.start, s.stop, s.step) for s in index))
+            shards[key] = int(np.prod([len(range(*s.indices(n))) for s, n in zip(index, leaf.shape)]))
+        for (host, _), elements in shards.items():
+            per_host[host] = per_host.get(host, 0) + elements * np.dtype(leaf.dtype).itemsize
+    return max(per_host.values())
+
+
 def _per_device_elements(tree) -> int:
     """Weight elements one device holds (int8 values count as elements, like bf16 ones)."""
     return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) for leaf in jax.tree_util.tree_leaves(tree))
@@ -265,6 +279,9 @@ def _header(request: AotRequest, tpu, engine: Engine, tp: int) -> dict:
     """What was analysed: the leading keys of every report."""
     return {"model": str(engine.config.model), "architecture": engine.model_config.architecture,
             "topology": tpu.name, "chip": tpu.chip.generation, "chips": tp // tpu.devices_per_chip,
+            # TPU hosts the chips sit on (libtpu's compile-only devices carry their host's index)
+            "hosts": len({d.process_index for d in engine.mesh.devices.flat}),
+            "weight_bytes_per_host": _weight_bytes_per_host(engine.params),
             "tensor_parallel_size": tp, "expert_parallel_size": request.expert_parallel_size, "dtype": request.dtype,
             "max_model_len": request.max_model_len,
             "max_num_seqs": request.max_num_seqs, "max_num_batched_tokens": request.max_num_batched_tokens,
@@ -304,7 +321,8 @@ def render(r: dict) -> str:
     x = r["xla_cost_analysis_decode"]
     verdict = "fits" if r["fits"] else "does NOT fit"
     lines = [
-        f"{Path(r['model']).name} ({r['architecture']}) on {r['topology']}: {r['chips']} x {r['chip']} chips, "
+        f"{Path(r['model']).name} ({r['architecture']}) on {r['topology']}: {r['chips']} x {r['chip']} chips"
+        f"{f' on {hosts} hosts' if (hosts := r['hosts']) > 1 else ''}, "
         f"TP={r['tensor_parallel_size']}, {r['dtype']}, {r['max_num_seqs']} sequences x {r['max_model_len']} tokens",
         f"compiled decode {r['programs']['decode']} and prefill {r['programs'].get('prefill', '-')} in {r['compile_s']} s",
         "",
@@ -312,6 +330,8 @@ def render(r: dict) -> str:
         f"(usable at memory fraction {r['memory_fraction']}: {_gib(r['hbm_capacity_per_chip'] * r['memory_fraction'])}) -> {verdict}",
         f"  weights {_gib(b['weights'])}, KV cache {_gib(b['kv_cache'])}, activations {_gib(b['activations'])}, "
         f"compiler temporaries {_gib(b['temporaries'])}, program code {_gib(b['program_code'])}",
+        *([f"  each host loads {_gib(r['weight_bytes_per_host'])} of weights (its own chips' shards)"]
+          if r["hosts"] > 1 else []),
         *([f"  XLA refused the full cache: {r['compiler_refusal']}"] if r["compiler_refusal"] else []),
         f"largest KV cache that fits: {r['kv_cache_pages']} pages = {r['kv_cache_tokens']} tokens "
         f"(this configuration needs {r['kv_cache_tokens_needed']})",

@@ -152,7 +152,9 @@ class Engine:
         engine from a model already in memory; `config.model` then only names it."""
         self.config = config
         # Before anything compiles, so every program of this process can come from the disk cache.
-        enable_compile_cache(Path(config.compile_cache_dir or settings.load().cache_dir / "jax-compile"))
+        # Not for AOT: a compile-only TPU client cannot load cached executables back.
+        if not abstract:
+            enable_compile_cache(Path(config.compile_cache_dir or settings.load().cache_dir / "jax-compile"))
         self.runtime = runtime.current()
         path = Path(config.model)
         self.model_config = model_config or ModelConfig.from_path(path)

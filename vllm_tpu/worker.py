@@ -69,7 +69,10 @@ class TpuWorker(WorkerBase):
 
         hosts = self.vllm_config.parallel_config.world_size
         if hosts > 1:   # one worker per host (ray_executor.py): join the others before JAX starts
-            distributed.join(distributed.Hosts(hosts, self.rank, self._coordinator(hosts)))
+            if runtime.tpu_attached():   # a real slice: JAX numbers the hosts as the TPU VMs do
+                distributed.join(distributed.Hosts(hosts))
+            else:
+                distributed.join(distributed.Hosts(hosts, self.rank, self._coordinator(hosts)))
             logger.info("tpu-plugins: host %d of %d joined the slice (pid %d)", self.rank, hosts, os.getpid())
         runtime.current()
         _no_torch_accelerator_cache_to_empty()
