@@ -32,8 +32,9 @@ CPU_BENCHMARKS = {   # script -> what it compares
     "hf_generate.py": "transformers generate on device_map='tpu' vs on CPU",
     "int8_weights.py": "int8 vs bf16 weights: SmolLM2 accuracy and CPU decode, Llama-3.1-8B HBM on v5e/v6e (aot)",
     "moe.py": "MoE engine vs transformers generate (random Qwen3-MoE), Qwen3-30B-A3B / Mixtral-8x7B on v6e (aot)",
+    "multihost.py": "two simulated hosts vs one process on the same 4-chip mesh; Llama-3.1-70B on multi-host slices (aot)",
 }
-WHOLE_OUTPUT = {"int8_weights.py", "moe.py"}   # their whole output is the result table
+WHOLE_OUTPUT = {"int8_weights.py", "moe.py", "multihost.py"}   # their whole output is the result table
 
 
 def last_line_values(text: str) -> dict:

@@ -200,6 +200,11 @@ def _transposed(w):
     return np.swapaxes(w, -1, -2)
 
 
+def _nbytes(pieces: dict) -> int:
+    """Bytes of one weight's checkpoint tensors: {expert or None: {part: array}}."""
+    return sum(a.nbytes for parts in pieces.values() for a in parts.values())
+
+
 def _file_view(w: np.ndarray) -> bool:
     """True when `w` still points into a memory-mapped checkpoint file (nothing copied yet)."""
     while isinstance(w, np.ndarray):
@@ -231,7 +236,15 @@ class _Placer:
     def __init__(self, dtype, mesh, quantization: str | None, stats: LoadStats):
         self.dtype, self.mesh, self.quantization, self.stats = dtype, mesh, quantization, stats
 
-    def __call__(self, name: str, w, want: tuple[int, ...], hf_name: str):
+    def __call__(self, name: str, w, want: tuple[int, ...], hf_name: str, source_bytes: int):
+        """Place one weight; `source_bytes` is what its checkpoint tensors hold (what this host
+        read, unless the weight is still a view of the file and only its shards are read)."""
+        self._slice_bytes, self._whole = 0, False
+        placed = self._convert_and_place(name, w, want, hf_name)
+        self.stats.read_bytes += source_bytes if self._whole else self._slice_bytes
+        return placed
+
+    def _convert_and_place(self, name: str, w, want: tuple[int, ...], hf_name: str):
         shape = w.values.shape if isinstance(w, Int8Weight) else w.shape
         if tuple(shape) != tuple(want):
             raise UserError(f"{hf_name} has shape {tuple(shape)} after layout, which does not fit the config "
@@ -255,7 +268,8 @@ class _Placer:
             return np.asarray(part, dtype)
 
         array = jax.make_array_from_callback(w.shape, NamedSharding(self.mesh, rule), shard)
-        self.stats.read_bytes += sum(shards.values()) if lazy else w.nbytes
+        self._slice_bytes += sum(shards.values())
+        self._whole |= not lazy
         return array
 
 
@@ -291,7 +305,7 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
             stats.checkpoint_bytes += fused.nbytes
             for our, chunk in zip(ours, np.split(fused, len(ours), axis=1)):
                 if our in want_tree:
-                    slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name)
+                    slot[our] = place(our, _transposed(chunk), want_tree[our], hf_name, chunk.nbytes)
             continue
         if name not in want_tree:
             continue
@@ -302,17 +316,16 @@ def load_params(folder: Path, cfg: ModelConfig, layout: HeadLayout, dtype, mesh,
             w = _assemble(pieces)
             if w is None:
                 continue
-            del pending[(index, name)]
+            source = _nbytes(pending.pop((index, name)))
             if isinstance(w, Int8Weight):
                 w = Int8Weight(transform(name, w.values, cfg, layout), transform_scale(name, w.scale, cfg, layout))
             else:
                 w = transform(name, w, cfg, layout)
-            slot[name] = place(name, w, want_tree[name], hf_name)
+            slot[name] = place(name, w, want_tree[name], hf_name, source)
             continue
         w = _stacked(pending[(index, name)], cfg.moe.num_experts)
         if w is not None:
-            del pending[(index, name)]
-            slot[name] = place(name, w, want_tree[name], hf_name)
+            slot[name] = place(name, w, want_tree[name], hf_name, _nbytes(pending.pop((index, name))))
     missing = [k for k in expected if k != "layers" and k not in params]
     missing += [f"layers.{i}.{k}" for i, layer in enumerate(expected["layers"]) for k in layer if k not in params["layers"][i]]
     if missing:
