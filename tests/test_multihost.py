@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -71,6 +72,23 @@ def test_incomplete_host_settings_are_one_clear_error():
     proc = run_python("from tpu_plugins import runtime; runtime.current()", TPU_PLUGINS_NUM_HOSTS="2",
                       TPU_PLUGINS_HOST_ID="2", TPU_PLUGINS_COORDINATOR="127.0.0.1:1")
     assert "Host id 2 is outside 0..1 for 2 hosts" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_spanning_hosts_without_a_ray_cluster_is_a_one_line_startup_error(demo_model_path, tmp_path):
+    proc = subprocess.run([str(Path(sys.executable).with_name("vllm")), "serve", str(demo_model_path), "--device", "tpu",
+                           "--tensor-parallel-size", "4", "--distributed-executor-backend", "ray"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=clean_env(TPU_PLUGINS_SIM_DEVICES="2", RAY_TMPDIR=str(tmp_path)))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "vllm serve: error: --tensor-parallel-size 4 spans 2 hosts through Ray, but no Ray cluster is running: start "
+        "it first (`ray start --head` on host 0, `ray start --address=HOST0:6379` on the others; README: Multi-host "
+        "slices) or set RAY_ADDRESS.")
+    proc = subprocess.run([str(Path(sys.executable).with_name("vllm")), "serve", str(demo_model_path), "--device", "tpu",
+                           "--tensor-parallel-size", "6", "--distributed-executor-backend", "ray"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=clean_env(TPU_PLUGINS_SIM_DEVICES="4"))
+    assert "--tensor-parallel-size 6 does not fill whole hosts of 4 chips" in proc.stderr.strip().splitlines()[-1]
 
 
 class LocalSlice:

@@ -39,11 +39,12 @@ def test_bad_setting_is_a_clear_error():
     assert "TPU_PLUGINS_SIM_DEVICES='eight' is not an integer" in proc.stderr
 
 
-def _fake_pci(root: Path, vendors: list[str]) -> Path:
+def _fake_pci(root: Path, vendors: list[str], classes: list[str] | None = None) -> Path:
     for i, vendor in enumerate(vendors):
         dev = root / f"0000:00:0{i}.0"
         dev.mkdir(parents=True)
         (dev / "vendor").write_text(vendor + "\n")
+        (dev / "class").write_text((classes[i] if classes else "0x120000") + "\n")
     return root
 
 
@@ -51,3 +52,11 @@ def test_tpu_attached_reads_the_google_pci_vendor(tmp_path):
     assert runtime.tpu_attached(_fake_pci(tmp_path / "a", ["0x8086", "0x1ae0"]))
     assert not runtime.tpu_attached(_fake_pci(tmp_path / "b", ["0x8086", "0x10de"]))
     assert not runtime.tpu_attached(tmp_path / "missing")
+
+
+def test_google_network_and_disk_devices_are_not_tpu_chips(tmp_path):
+    # A GCE VM's gVNIC (class 0x020000) and NVMe persistent disk (0x010802) carry Google's vendor id too.
+    vm = _fake_pci(tmp_path / "vm", ["0x1ae0", "0x1ae0", "0x8086"], ["0x020000", "0x010802", "0x060000"])
+    assert not runtime.tpu_attached(vm)
+    host = _fake_pci(tmp_path / "tpu", ["0x1ae0"] * 5, ["0x020000"] + ["0x120000"] * 4)
+    assert runtime.tpu_chips_attached(host) == 4

@@ -29,13 +29,20 @@ _SIM_FLAG = "--xla_force_host_platform_device_count"
 _JAX_GPU_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin", "jax_rocm60_plugin")
 
 
+# Google's other PCI devices on GCE VMs: gVNIC network cards and NVMe persistent disks (class 0x01).
+_NOT_TPU_CLASSES = ("0x01", "0x02")
+
+
 def tpu_chips_attached(pci_root: Path = Path("/sys/bus/pci/devices")) -> int:
-    """How many Google TPU chips are on this host's PCI bus. Cheap: reads sysfs, starts nothing."""
+    """How many Google TPU chips are on this host's PCI bus (Google's vendor id, not a network or
+    storage device). Cheap: reads sysfs, starts nothing."""
     count = 0
     try:
         for device in pci_root.iterdir():
             try:
-                count += (device / "vendor").read_text().strip().lower() == GOOGLE_PCI_VENDOR
+                if (device / "vendor").read_text().strip().lower() != GOOGLE_PCI_VENDOR:
+                    continue
+                count += not (device / "class").read_text().strip().lower().startswith(_NOT_TPU_CLASSES)
             except OSError:
                 continue
     except OSError:

@@ -134,8 +134,12 @@ class TpuPlatform(Platform):
         parallel.world_size = hosts
         parallel.distributed_executor_backend = "uni"
         if hosts > 1:
-            from vllm_tpu.ray_executor import TpuRayExecutor   # imports Ray: only when it is used
+            from vllm_tpu.ray_executor import TpuRayExecutor, ray_cluster_started   # imports Ray: only when used
 
+            if not ray_cluster_started():
+                config_error(f"--tensor-parallel-size {extra[TP_KEY]} spans {hosts} hosts through Ray, but no Ray "
+                             "cluster is running: start it first (`ray start --head` on host 0, `ray start "
+                             "--address=HOST0:6379` on the others; README: Multi-host slices) or set RAY_ADDRESS.")
             parallel.distributed_executor_backend = TpuRayExecutor
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME

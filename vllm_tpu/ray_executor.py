@@ -14,6 +14,9 @@ executor down and the engine reports the failure.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from vllm.logger import init_logger
 from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
 from vllm.v1.executor.ray_utils import ray
@@ -27,6 +30,19 @@ RAY_TPU_RESOURCE = "TPU"
 PLACEMENT_TIMEOUT_S = 120
 # Set in every worker before it imports anything: the worker must resolve our platform.
 WORKER_ENV = {"TPU_PLUGINS_DEVICE": activation.DEVICE_NAME, "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def ray_cluster_started() -> bool:
+    """Whether a Ray cluster is there to join: RAY_ADDRESS, or the address file `ray start`
+    leaves on this host. Otherwise Ray would start a fresh one-node cluster without the other
+    hosts, and serving would fail only after it had started."""
+    if os.environ.get("RAY_ADDRESS", "").strip():
+        return True
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:   # another Ray layout: let Ray itself decide
+        return True
+    return Path(get_ray_address_file(None)).exists()
 
 
 def _one_bundle_per_host(hosts: int):
